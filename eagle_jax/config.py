@@ -1,0 +1,180 @@
+"""Static model configurations.
+
+Every model in eagle-jax is described by one frozen (hashable) dataclass, so a
+config can be passed to `jax.jit` as a static argument. Parsers from the
+`config.json` dialects people ship live in `eagle_jax.convert`; this module
+only defines the shapes and validates them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or contradicts another one."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: base `theta` plus an optional scaling rule.
+
+    `scaling_type` is one of None, "linear", "llama3", "yarn". The remaining
+    fields are only read by the rule that uses them (HF names in comments).
+    """
+
+    theta: float = 10000.0
+    scaling_type: str | None = None
+    factor: float = 1.0  # rope_scaling.factor
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3, yarn
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn (mscale); None = 0.1 ln(f) + 1
+
+    def __post_init__(self):
+        if self.scaling_type not in (None, "linear", "llama3", "yarn"):
+            raise ConfigError(
+                f"unsupported rope_scaling type {self.scaling_type!r}; "
+                "supported: linear, llama3, yarn (dynamic NTK scaling depends on the "
+                "running sequence length and cannot be expressed with static shapes)"
+            )
+        if self.theta <= 0:
+            raise ConfigError(f"rope_theta must be positive, got {self.theta}")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
+
+    Parameter shapes (see `eagle_jax.models.target`):
+      embed [V, H]; layers.* stacked on a leading [L] axis; lm_head [H, V]
+      unless `tie_word_embeddings`.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2; Llama `attention_bias`
+    o_bias: bool = False  # Llama `attention_bias` also biases o_proj
+    qk_norm: bool = False  # Qwen3 per-head RMSNorm on q and k
+    architecture: str = "LlamaForCausalLM"
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name_or_path: str = ""
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def default_aux_layers(self) -> tuple[int, int, int]:
+        """EAGLE-3 default: residual streams entering layers (2, N//2, N-3)."""
+        n = self.num_layers
+        return (2, n // 2, n - 3)
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """An EAGLE-3 / EAGLE 3.1 drafter: FC over target features + one decoder layer.
+
+    `aux_layer_ids` use the vLLM/SafeAILab convention: id i is the residual
+    stream *entering* target layer i (HF `hidden_states[i]`).
+
+    Flags (EAGLE.md section 2-4):
+      fc_norm               one RMSNorm per aux slot before the FC (EAGLE 3.1)
+      norm_before_fc        one RMSNorm over the concatenated features
+      norm_before_residual  residual of the layer is hidden_norm(h) instead of h
+      norm_output           feed back norm(h) instead of h (EAGLE 3.1)
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target vocabulary (embedding rows)
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...]
+    rms_norm_eps: float = 1e-5
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    max_position_embeddings: int = 8192
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    has_embedding: bool = False  # the checkpoint carries its own embed_tokens
+    verifier_name_or_path: str = ""
+    verifier_architecture: str = "LlamaForCausalLM"
+    speculative_tokens: int = 3
+
+    def __post_init__(self):
+        if self.fc_norm and self.norm_before_fc:
+            raise ConfigError(
+                "fc_norm and norm_before_fc are mutually exclusive: fc_norm normalises "
+                "each aux hidden state, norm_before_fc the concatenation"
+            )
+        if not self.aux_layer_ids:
+            raise ConfigError("a drafter needs at least one aux hidden state layer id")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ConfigError(
+                f"draft_vocab_size ({self.draft_vocab_size}) exceeds the target "
+                f"vocab_size ({self.vocab_size})"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.aux_layer_ids)
+
+    @property
+    def fc_in_size(self) -> int:
+        return self.num_aux * self.target_hidden_size
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_eagle31(self) -> bool:
+        return self.fc_norm and self.norm_output
+
+    def replace(self, **changes) -> "DrafterConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,149 @@
+"""The EAGLE-3 / EAGLE 3.1 drafter: an FC over target features and one decoder layer.
+
+Parameters follow docs/PARAMS.md. A drafting step is split in two:
+
+* `project_features(params, cfg, aux)`: target aux features [B, T, A*Ht] ->
+  drafter hidden [B, T, H] through the FC (with `fc_norm` or `norm_before_fc`
+  when configured). Used where the drafter reads the target (prefill and the
+  tokens just verified).
+* `step(params, cfg, tokens, hidden, positions, cache, ...)`: the decoder layer
+  over T new positions whose hidden input is either projected target features
+  or the previous step's feedback. Returns draft-vocab logits, the feedback
+  (pre-norm for EAGLE-3, post-norm with `norm_output`) and the cache.
+
+The same `step` serves chain drafting (T = 1 per row), tree drafting (T
+frontier nodes with a tree `mask`) and the training-time-test unroll (a
+`slot_mask` over all cache slots).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.cache import KVCache, attention_mask, write_slots
+from eagle_jax.config import DrafterConfig
+from eagle_jax.kernels import fused_norm_matmul
+from eagle_jax.models.layers import cached_attention, linear, split_heads, swiglu_mlp
+from eagle_jax.nn import rms_norm, rope_tables
+
+
+@flax.struct.dataclass
+class DraftVocab:
+    """Draft-to-target vocabulary map (EAGLE.md section 3), never trained.
+
+    d2t: int32 [Vd] offsets, target_id = draft_id + d2t[draft_id].
+    t2d: bool [V], True where a target id is in the draft vocabulary.
+    """
+
+    d2t: jax.Array
+    t2d: jax.Array
+
+    @classmethod
+    def identity(cls, vocab_size: int) -> "DraftVocab":
+        return cls(d2t=jnp.zeros((vocab_size,), jnp.int32), t2d=jnp.ones((vocab_size,), bool))
+
+    @classmethod
+    def from_target_ids(cls, target_ids, vocab_size: int) -> "DraftVocab":
+        """target_ids [Vd] sorted ascending -> offsets and mask."""
+        ids = jnp.asarray(target_ids, jnp.int32)
+        return cls(d2t=ids - jnp.arange(ids.shape[0], dtype=jnp.int32),
+                   t2d=jnp.zeros((vocab_size,), bool).at[ids].set(True))
+
+    @property
+    def target_ids(self) -> jax.Array:
+        """[Vd] int32: the target id of each draft id."""
+        return jnp.arange(self.d2t.shape[0], dtype=jnp.int32) + self.d2t
+
+
+def create_cache(cfg: DrafterConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    return KVCache.create(1, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+
+def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = "auto") -> jax.Array:
+    """aux [B, T, A*Ht] (aux states concatenated in layer order) -> [B, T, H]."""
+    if aux.shape[-1] != cfg.fc_in_size:
+        raise ValueError(f"drafter expects {cfg.num_aux} aux states of size {cfg.target_hidden_size} "
+                         f"({cfg.fc_in_size} features), got {aux.shape[-1]}")
+    if cfg.fc_norm:
+        return fused_norm_matmul(aux, params["fc_norm"], params["fc"], eps=cfg.rms_norm_eps,
+                                 segments=cfg.num_aux, impl=impl)
+    if cfg.norm_before_fc:
+        return fused_norm_matmul(aux, params["input_norm"], params["fc"], eps=cfg.rms_norm_eps,
+                                 impl=impl)
+    return linear(aux, params["fc"])
+
+
+def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
+         embed=None, mask=None, slot_mask=None, impl: str = "auto"):
+    """One drafter layer pass over T new positions per row.
+
+    tokens [B, T] int32 (target ids: the token *after* each position), hidden
+    [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
+    when None) or `slot_mask` [B, T, S] over all cache slots (overrides both
+    the committed-prefix rule and `mask`). `embed` [V, H] is the target's
+    embedding, required when the checkpoint has none.
+    Returns (draft logits float32 [B, T, Vd], feedback [B, T, H], cache).
+    """
+    layer = params["layer"]
+    eps = cfg.rms_norm_eps
+    if cfg.has_embedding:
+        embed = params["embed"]
+    elif embed is None:
+        raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
+    b, t = tokens.shape
+    e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)
+    residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
+    # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
+    norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
+    qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
+                            segments=2, bias=layer.get("bqkv"), impl=impl)
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
+    if slot_mask is None:
+        slot_mask = attention_mask(cache.lengths, cache.max_len, mask, t)
+    attn, k_all, v_all = cached_attention(q, k, v, cos, sin, cache.k, cache.v, 0,
+                                          write_slots(cache.lengths, t), slot_mask)
+    h = residual + linear(attn, layer["wo"], layer.get("bo"))
+    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
+                       eps=eps, impl=impl)
+    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=eps, impl=impl)
+    feedback = rms_norm(h, params["norm"], eps) if cfg.norm_output else h
+    return logits.astype(jnp.float32), feedback, cache.replace(k=k_all, v=v_all)
+
+
+def to_target_logits(draft_logits: jax.Array, vocab: DraftVocab) -> jax.Array:
+    """Scatter draft-vocab logits [..., Vd] into a -inf target-vocab vector [..., V]."""
+    full = jnp.full(draft_logits.shape[:-1] + vocab.t2d.shape, -jnp.inf, draft_logits.dtype)
+    return full.at[..., vocab.target_ids].set(draft_logits)
+
+
+def init_params(cfg: DrafterConfig, key, dtype=jnp.float32, scale: float = 0.02):
+    """Random parameters in the layout of docs/PARAMS.md."""
+    h, f, ht = cfg.hidden_size, cfg.intermediate_size, cfg.target_hidden_size
+    keys = iter(jax.random.split(key, 20))
+
+    def w(*shape):
+        return (scale * jax.random.normal(next(keys), shape)).astype(dtype)
+
+    def ones_ish(*shape):
+        return (1.0 + 0.1 * jax.random.normal(next(keys), shape)).astype(dtype)
+
+    qkv = cfg.q_size + 2 * cfg.kv_size
+    layer = {"input_layernorm": ones_ish(h), "hidden_norm": ones_ish(h), "wqkv": w(2 * h, qkv),
+             "wo": w(cfg.q_size, h), "post_attention_layernorm": ones_ish(h),
+             "w_gate_up": w(h, 2 * f), "w_down": w(f, h)}
+    if cfg.qkv_bias:
+        layer["bqkv"] = w(qkv)
+    if cfg.o_bias:
+        layer["bo"] = w(h)
+    params = {"fc": w(cfg.fc_in_size, h), "layer": layer, "norm": ones_ish(h),
+              "lm_head": w(h, cfg.draft_vocab_size)}
+    if cfg.fc_norm:
+        params["fc_norm"] = ones_ish(cfg.num_aux, ht)
+    if cfg.norm_before_fc:
+        params["input_norm"] = ones_ish(cfg.fc_in_size)
+    if cfg.has_embedding:
+        params["embed"] = w(cfg.vocab_size, h)
+    return params

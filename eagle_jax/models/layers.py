@@ -1,0 +1,55 @@
+"""Pieces shared by the target's decoder layers and the drafter's one layer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.kernels import fused_norm_matmul
+from eagle_jax.nn import apply_rope, attention, rms_norm
+
+
+def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int):
+    """qkv [B, T, (Hq + 2 Hkv) D] -> q [B,T,Hq,D], k [B,T,Hkv,D], v [B,T,Hkv,D]."""
+    b, t, _ = qkv.shape
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q = qkv[..., :q_size].reshape(b, t, num_heads, head_dim)
+    k = qkv[..., q_size:q_size + kv_size].reshape(b, t, num_kv_heads, head_dim)
+    v = qkv[..., q_size + kv_size:].reshape(b, t, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def cached_attention(q, k, v, cos, sin, k_all, v_all, layer, slots, mask, *,
+                     q_norm=None, k_norm=None, eps=1e-6):
+    """Rotate q/k, write k/v into layer `layer` of the cache, attend.
+
+    q [B,T,Hq,D], k/v [B,T,Hkv,D]; cos/sin [B,T,D]; k_all/v_all [L,B,S,Hkv,D];
+    slots [B,T] write positions; mask [B,T,S]. Returns (out [B,T,Hq*D], k_all, v_all).
+    """
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    rows = jnp.arange(q.shape[0])[:, None]
+    k_all = k_all.at[layer, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+    v_all = v_all.at[layer, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+    out = attention(q, k_all[layer], v_all[layer], mask)
+    b, t = q.shape[:2]
+    return out.reshape(b, t, -1), k_all, v_all
+
+
+def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """x [..., K] @ w [K, N] (+ bias) with f32 accumulation, result in x.dtype."""
+    y = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, impl="auto"):
+    """down(silu(gate(n)) * up(n)) with n = rms_norm(h); the norm is fused into gate/up."""
+    gu = fused_norm_matmul(h, norm_w, w_gate_up, eps=eps, impl=impl)
+    f = w_down.shape[0]
+    gate, up = gu[..., :f], gu[..., f:]
+    return linear(jax.nn.silu(gate) * up, w_down)

@@ -1,0 +1,111 @@
+"""The Llama-family target decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
+
+Parameters follow docs/PARAMS.md; decoder layers are stacked on a leading
+axis and run under `lax.scan`. One `forward` serves prefill, decode and tree
+verification: it takes T new tokens per row with explicit positions and an
+optional mask among the new tokens, writes their K/V into the cache, and
+returns the final residual stream plus the hidden states entering the
+requested `aux_layers` (EAGLE's auxiliary features).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.cache import KVCache, attention_mask, write_slots
+from eagle_jax.config import TargetConfig
+from eagle_jax.kernels import fused_norm_matmul
+from eagle_jax.models.layers import cached_attention, linear, split_heads, swiglu_mlp
+from eagle_jax.nn import rope_tables
+
+
+def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    return KVCache.create(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+
+def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=None, *,
+            aux_layers: tuple[int, ...] = (), impl: str = "auto"):
+    """Run the decoder over T new tokens per row.
+
+    tokens, positions: [B, T] int32. mask: None (causal among the new tokens)
+    or [B, T, T] bool. Committed cache slots are always visible.
+    Returns (hidden [B, T, H] before the final norm, cache with K/V written
+    but lengths unchanged, aux [B, T, len(aux_layers) * H] or None), where aux
+    concatenates the residual streams entering `aux_layers` in the given order.
+    """
+    b, t = tokens.shape
+    for layer_id in aux_layers:
+        if not 0 <= layer_id < cfg.num_layers:
+            raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
+    h = jnp.take(params["embed"], tokens, axis=0)
+    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
+    full_mask = attention_mask(cache.lengths, cache.max_len, mask, t)
+    slots = write_slots(cache.lengths, t)
+    aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
+    aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
+
+    def layer_body(carry, xs):
+        h, k_all, v_all, aux = carry
+        p, i = xs
+        hit = aux_ids == i
+        slot = jnp.argmax(hit)
+        aux = aux.at[slot].set(jnp.where(jnp.any(hit), h, aux[slot]))
+        qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
+                                bias=p.get("bqkv"), impl=impl)
+        q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        attn, k_all, v_all = cached_attention(
+            q, k, v, cos, sin, k_all, v_all, i, slots, full_mask,
+            q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
+        h = h + linear(attn, p["wo"], p.get("bo"))
+        h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"],
+                           eps=cfg.rms_norm_eps, impl=impl)
+        return (h, k_all, v_all, aux), None
+
+    layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+    (h, k_all, v_all, aux), _ = jax.lax.scan(
+        layer_body, (h, cache.k, cache.v, aux0), (params["layers"], layer_ids))
+    cache = cache.replace(k=k_all, v=v_all)
+    if not aux_layers:
+        return h, cache, None
+    aux = jnp.moveaxis(aux, 0, 2).reshape(b, t, len(aux_layers) * cfg.hidden_size)
+    return h, cache, aux
+
+
+def lm_head_weight(params, cfg: TargetConfig) -> jax.Array:
+    """[H, V]: the output projection, or the transposed embedding when tied."""
+    return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def logits(params, cfg: TargetConfig, hidden, *, impl: str = "auto") -> jax.Array:
+    """Final norm + lm_head (fused): hidden [..., H] -> float32 [..., V]."""
+    out = fused_norm_matmul(hidden, params["final_norm"], lm_head_weight(params, cfg),
+                            eps=cfg.rms_norm_eps, impl=impl)
+    return out.astype(jnp.float32)
+
+
+def init_params(cfg: TargetConfig, key, dtype=jnp.float32, scale: float = 0.02):
+    """Random parameters in the layout of docs/PARAMS.md (tests and tiny targets)."""
+    h, f, l = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    qkv = cfg.q_size + 2 * cfg.kv_size
+    keys = iter(jax.random.split(key, 16))
+
+    def w(*shape):
+        return (scale * jax.random.normal(next(keys), shape)).astype(dtype)
+
+    def ones_ish(*shape):
+        return (1.0 + 0.1 * jax.random.normal(next(keys), shape)).astype(dtype)
+
+    layers = {"attn_norm": ones_ish(l, h), "wqkv": w(l, h, qkv), "wo": w(l, cfg.q_size, h),
+              "mlp_norm": ones_ish(l, h), "w_gate_up": w(l, h, 2 * f), "w_down": w(l, f, h)}
+    if cfg.qkv_bias:
+        layers["bqkv"] = w(l, qkv)
+    if cfg.o_bias:
+        layers["bo"] = w(l, h)
+    if cfg.qk_norm:
+        layers["q_norm"] = ones_ish(l, cfg.head_dim)
+        layers["k_norm"] = ones_ish(l, cfg.head_dim)
+    params = {"embed": w(cfg.vocab_size, h), "layers": layers, "final_norm": ones_ish(h)}
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = w(h, cfg.vocab_size)
+    return params
