@@ -178,3 +178,71 @@ class DrafterConfig:
 
     def replace(self, **changes) -> "DrafterConfig":
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Static sampling rule applied to target (and draft) logits.
+
+    temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be a non-negative integer, got {self.top_k!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Drafting envelope (static shapes).
+
+    method "chain": `num_speculative_tokens` drafted tokens in a line.
+    method "tree": EAGLE-2 dynamic tree; each of `tree_depth` levels expands
+    the `tree_top_k` best frontier nodes by `tree_top_k` children, and the
+    `tree_total_tokens - 1` best nodes (plus the root) are verified.
+    """
+
+    method: str = "chain"
+    num_speculative_tokens: int = 4
+    tree_top_k: int = 4
+    tree_depth: int = 4
+    tree_total_tokens: int = 16
+
+    def __post_init__(self):
+        if self.method not in ("chain", "tree"):
+            raise ConfigError(f"method must be 'chain' or 'tree', got {self.method!r}")
+        if self.method == "chain" and self.num_speculative_tokens < 1:
+            raise ConfigError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.method == "tree":
+            k, d, n = self.tree_top_k, self.tree_depth, self.tree_total_tokens
+            if k < 1 or d < 1:
+                raise ConfigError(f"tree_top_k and tree_depth must be >= 1, got {k}, {d}")
+            most = k + (d - 1) * k * k
+            if not 2 <= n <= most + 1:
+                raise ConfigError(f"tree_total_tokens must be in [2, {most + 1}] for top_k={k}, "
+                                  f"depth={d}, got {n}")
+
+    @property
+    def top_k(self) -> int:
+        return 1 if self.method == "chain" else self.tree_top_k
+
+    @property
+    def depth(self) -> int:
+        return self.num_speculative_tokens if self.method == "chain" else self.tree_depth
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens per verify pass, the root (last committed token) included."""
+        return self.num_speculative_tokens + 1 if self.method == "chain" else self.tree_total_tokens

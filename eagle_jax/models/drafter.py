@@ -76,14 +76,15 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
 
 
 def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
-         embed=None, mask=None, slot_mask=None, impl: str = "auto"):
+         embed=None, mask=None, slot_mask=None, logits_at=None, impl: str = "auto"):
     """One drafter layer pass over T new positions per row.
 
     tokens [B, T] int32 (target ids: the token *after* each position), hidden
     [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
     when None) or `slot_mask` [B, T, S] over all cache slots (overrides both
     the committed-prefix rule and `mask`). `embed` [V, H] is the target's
-    embedding, required when the checkpoint has none.
+    embedding, required when the checkpoint has none. `logits_at` [B] int32
+    computes the logits at one position per row only (then [B, 1, Vd]).
     Returns (draft logits float32 [B, T, Vd], feedback [B, T, H], cache).
     """
     layer = params["layer"]
@@ -108,7 +109,8 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     h = residual + linear(attn, layer["wo"], layer.get("bo"))
     h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
                        eps=eps, impl=impl)
-    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=eps, impl=impl)
+    h_out = h if logits_at is None else jnp.take_along_axis(h, logits_at[:, None, None], axis=1)
+    logits = fused_norm_matmul(h_out, params["norm"], params["lm_head"], eps=eps, impl=impl)
     feedback = rms_norm(h, params["norm"], eps) if cfg.norm_output else h
     return logits.astype(jnp.float32), feedback, cache.replace(k=k_all, v=v_all)
 

@@ -1,0 +1,1 @@
+"""The speculative decoding loop: drafting, verification, statistics."""

@@ -1,0 +1,239 @@
+"""The decoding loop: prefill, then one jitted `lax.while_loop` of steps.
+
+Plain decoding is the same loop without a drafter: each step feeds the
+pending token to the target and samples one more. A speculative step drafts
+a tree (a chain is a tree of width 1), verifies every node with one target
+forward under the tree mask, accepts a root path, compacts the accepted K/V
+into contiguous cache slots and rolls the drafter forward over the accepted
+tokens with the target's features (which also yields the next root's draft
+distribution).
+
+Conventions: the *pending* token of a row has been emitted but is not yet in
+the target cache; it sits at position `tcache.lengths`. The drafter cache has
+the same committed length as the target cache: its entry at position t pairs
+the target's features at t with token t+1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.cache import KVCache
+from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.models import drafter, target
+from eagle_jax.spec import tree as tree_lib
+from eagle_jax.spec.sampling import sample
+from eagle_jax.spec.stats import SpecStats
+from eagle_jax.spec.verify import accept
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Everything static about one compiled loop."""
+
+    target: TargetConfig
+    drafter: DrafterConfig | None
+    spec: SpecConfig
+    sampling: SamplingConfig
+    eos_ids: tuple[int, ...]
+    context_limit: int  # a row stops when prompt + generated tokens reach it
+    prefill_chunk: int = 512
+    impl: str = "auto"
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not None
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Most tokens one step can emit."""
+        return self.spec.depth + 1 if self.speculative else 1
+
+    def aux_layers(self) -> tuple[int, ...]:
+        return self.drafter.aux_layer_ids if self.speculative else ()
+
+
+@flax.struct.dataclass
+class DecodeState:
+    tcache: KVCache
+    dcache: KVCache | None
+    pending: jax.Array  # [B] last emitted token, not yet in the target cache
+    root_logits: jax.Array | None  # [B, Vd] drafter prediction of the token after `pending`
+    root_feedback: jax.Array | None  # [B, H] the drafter feedback that produced it
+    out: jax.Array  # [B, W] generated tokens
+    num_generated: jax.Array  # [B]
+    done: jax.Array  # [B] bool
+    prompt_len: jax.Array  # [B]
+    max_new: jax.Array  # [B]
+    key: jax.Array
+    stats: SpecStats
+
+
+def _emit(state: DecodeState, lc: LoopConfig, new_tokens, count):
+    """Append up to count [B] of new_tokens [B, M] per row, honouring EOS and limits.
+
+    Returns (state, m [B] tokens actually emitted; 0 for finished rows).
+    """
+    gen = state.num_generated
+    budget = jnp.minimum(state.max_new - gen, lc.context_limit - (state.prompt_len + gen))
+    m = jnp.where(state.done, 0, jnp.clip(jnp.minimum(count, budget), 0))
+    j = jnp.arange(new_tokens.shape[1])[None]
+    eos = jnp.zeros(new_tokens.shape, bool)
+    for e in lc.eos_ids:
+        eos = eos | (new_tokens == e)
+    eos = eos & (j < m[:, None])
+    hit_eos = jnp.any(eos, axis=1)
+    m = jnp.where(hit_eos, jnp.argmax(eos, axis=1) + 1, m)
+    rows = jnp.arange(new_tokens.shape[0])[:, None]
+    cols = jnp.where(j < m[:, None], gen[:, None] + j, state.out.shape[1])
+    out = state.out.at[rows, cols].set(new_tokens, mode="drop")
+    gen = gen + m
+    done = (state.done | hit_eos | (gen >= state.max_new)
+            | (state.prompt_len + gen >= lc.context_limit))
+    return state.replace(out=out, num_generated=gen, done=done), m
+
+
+def _last(x, idx):
+    """x [B, T, ...] at per-row index idx [B] -> [B, ...]."""
+    return jnp.take_along_axis(x, idx.reshape(-1, 1, *([1] * (x.ndim - 2))), axis=1)[:, 0]
+
+
+def _chunked_prefill(tparams, lc: LoopConfig, tokens, cache):
+    """Target forward over the padded prompt in chunks of `lc.prefill_chunk`.
+
+    Returns (hidden [B, P, H], cache with all P slots written, aux [B, P, A*H] | None).
+    """
+    b, p = tokens.shape
+    c = min(p, lc.prefill_chunk)
+    nc = p // c
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    chunks = (tokens.reshape(b, nc, c).swapaxes(0, 1), positions.reshape(b, nc, c).swapaxes(0, 1))
+
+    def body(cache, xs):
+        tok, pos = xs
+        hidden, cache, aux = target.forward(tparams, lc.target, tok, pos, cache,
+                                            aux_layers=lc.aux_layers(), impl=lc.impl)
+        return cache.commit(jnp.full((b,), c, jnp.int32)), (hidden, aux)
+
+    cache, (hidden, aux) = jax.lax.scan(body, cache, chunks)
+    unchunk = lambda x: None if x is None else x.swapaxes(0, 1).reshape(b, p, -1)
+    return unchunk(hidden), cache, unchunk(aux)
+
+
+def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, key, *, lc: LoopConfig,
+            cache_len: int, out_width: int) -> DecodeState:
+    """Prompt pass for target (and drafter); emits the first token.
+
+    tokens [B, P] right-padded prompts (P a multiple of the prefill chunk or
+    below it); prompt_len [B]; max_new [B] int32.
+    """
+    b, p = tokens.shape
+    tcache = target.create_cache(lc.target, b, cache_len, tparams["embed"].dtype)
+    hidden, tcache, aux = _chunked_prefill(tparams, lc, tokens, tcache)
+    tcache = tcache.replace(lengths=prompt_len.astype(jnp.int32))
+    last_logits = target.logits(tparams, lc.target, _last(hidden, prompt_len - 1), impl=lc.impl)
+    key, sub = jax.random.split(key)
+    first = sample(sub, last_logits, lc.sampling)
+    state = DecodeState(
+        tcache=tcache, dcache=None, pending=first, root_logits=None, root_feedback=None,
+        out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
+        done=jnp.zeros((b,), bool), prompt_len=prompt_len.astype(jnp.int32),
+        max_new=max_new.astype(jnp.int32), key=key,
+        stats=SpecStats.zeros(b, lc.spec.depth if lc.speculative else 0))
+    state, _ = _emit(state, lc, first[:, None], jnp.ones((b,), jnp.int32))
+    if not lc.speculative:
+        return state
+    # Drafter prefill: features at t paired with token t+1; the last real position gets `first`.
+    t = jnp.arange(p)[None]
+    shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
+    dtokens = jnp.where(t == (prompt_len - 1)[:, None], first[:, None], shifted)
+    dcfg = lc.drafter
+    dcache = drafter.create_cache(dcfg, b, cache_len, tparams["embed"].dtype)
+    c = min(p, lc.prefill_chunk)
+    nc = p // c
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    split = lambda x: x.reshape(b, nc, c, *x.shape[2:]).swapaxes(0, 1)
+
+    def body(dcache, xs):
+        tok, pos, feats = xs
+        h = drafter.project_features(dparams, dcfg, feats, impl=lc.impl)
+        logits, feedback, dcache = drafter.step(
+            dparams, dcfg, tok, h, pos, dcache, embed=tparams["embed"],
+            logits_at=jnp.clip(prompt_len - 1 - pos[:, 0], 0, c - 1), impl=lc.impl)
+        return dcache.commit(jnp.full((b,), c, jnp.int32)), (logits[:, 0], feedback)
+
+    dcache, (chunk_logits, feedback) = jax.lax.scan(body, dcache, (split(dtokens), split(positions), split(aux)))
+    last_chunk = (prompt_len - 1) // c
+    root_logits = chunk_logits[last_chunk, jnp.arange(b)]
+    feedback = feedback.swapaxes(0, 1).reshape(b, p, -1)
+    return state.replace(dcache=dcache.replace(lengths=prompt_len.astype(jnp.int32)),
+                         root_logits=root_logits, root_feedback=_last(feedback, prompt_len - 1))
+
+
+def _plain_step(tparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
+    b = state.pending.shape[0]
+    pos = state.tcache.lengths[:, None]
+    hidden, tcache, _ = target.forward(tparams, lc.target, state.pending[:, None], pos,
+                                       state.tcache, impl=lc.impl)
+    key, sub = jax.random.split(state.key)
+    nxt = sample(sub, target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl), lc.sampling)
+    state, m = _emit(state.replace(key=key), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
+    return state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
+
+
+def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> DecodeState:
+    spec, dcfg = lc.spec, lc.drafter
+    b = state.pending.shape[0]
+    rows = jnp.arange(b)
+    key, k_draft, k_accept = jax.random.split(state.key, 3)
+    draft = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
+                           state.root_feedback, state.dcache, spec, lc.sampling, k_draft, impl=lc.impl)
+    base = state.tcache.lengths
+    hidden, tcache, aux = target.forward(
+        tparams, lc.target, draft.tokens, base[:, None] + draft.depth, state.tcache,
+        mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids, impl=lc.impl)
+    path, n_acc, nxt = accept(draft, target.logits(tparams, lc.target, hidden, impl=lc.impl),
+                              spec, lc.sampling, k_accept)
+    # Emitted tokens: the accepted drafts along the path, then the target's own token.
+    j = jnp.arange(spec.depth + 1)[None]
+    path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)
+    new_tokens = jnp.where(j < n_acc[:, None], path_tokens, nxt[:, None])
+    state, m = _emit(state.replace(key=key), lc, new_tokens, n_acc + 1)
+    stats = state.stats.record(m > 0, jnp.minimum(n_acc, m))
+    # Commit root + accepted path nodes (m of them) and roll the drafter over them.
+    tcache = tcache.compact(path, m)
+    feats = jnp.take_along_axis(aux, path[:, :, None], axis=1)
+    positions = base[:, None] + j
+    logits, feedback, dcache = drafter.step(
+        dparams, dcfg, new_tokens, drafter.project_features(dparams, dcfg, feats, impl=lc.impl),
+        positions, state.dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
+    emitted = m > 0
+    last = jnp.maximum(m - 1, 0)
+    return state.replace(
+        tcache=tcache, dcache=dcache.commit(m), stats=stats,
+        pending=jnp.where(emitted, new_tokens[rows, last], state.pending),
+        root_logits=jnp.where(emitted[:, None], logits[:, 0], state.root_logits),
+        root_feedback=jnp.where(emitted[:, None], feedback[rows, last], state.root_feedback))
+
+
+def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> DecodeState:
+    """One decoding step (plain or speculative) for every unfinished row."""
+    if lc.speculative:
+        return _spec_step(tparams, dparams, vocab, state, lc)
+    return _plain_step(tparams, state, lc)
+
+
+def run(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> DecodeState:
+    """Steps until every row is done, inside one `lax.while_loop`."""
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                              partial(step, tparams, dparams, vocab, lc=lc), state)
+
+
+prefill_jit = jax.jit(prefill, static_argnames=("lc", "cache_len", "out_width"))
+run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
+step_jit = jax.jit(step, static_argnames=("lc",), donate_argnames=("state",))

@@ -1,0 +1,82 @@
+"""Acceptance of a verified draft tree: greedy and lossless sampling.
+
+Greedy: from the root, follow the child whose token equals the target's
+argmax; the first mismatch contributes the target's own token.
+
+Sampling (lossless): at the current node with target distribution p, try its
+children in order. A child c proposed from distribution q is accepted with
+probability min(1, p(c) / q(c)); on rejection p <- normalize(max(p - q, 0)).
+Deterministic proposals (tree top-k, greedy chains) use q = one-hot(c), which
+is the sibling rule of EAGLE.md section 7: zero the rejected token in p and
+renormalise. When no child is accepted, the next token is drawn from the
+(residual) p; after an accepted leaf it is a bonus token drawn from p.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from eagle_jax.config import SamplingConfig, SpecConfig
+from eagle_jax.spec.sampling import probabilities, sample_probs
+from eagle_jax.spec.tree import DraftTree
+
+
+def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingConfig, key):
+    """target_logits [B, N, V] of every tree node (node i's logits predict its child).
+
+    Returns (path [B, D+1] node indices starting with the root, valid for the
+    first n+1 entries; n [B] accepted draft tokens; next_token [B]).
+    """
+    b, n_nodes, vocab = target_logits.shape
+    width, depth = spec.top_k, spec.depth
+    children = tree.children(width)
+    rows = jnp.arange(b)
+    cur = jnp.zeros((b,), jnp.int32)
+    alive = jnp.ones((b,), bool)
+    accepted = jnp.zeros((b,), jnp.int32)
+    path = [cur]
+    if sampling.greedy:
+        choice = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, N]
+        for _ in range(depth):
+            want = choice[rows, cur]
+            ch = children[rows, cur]  # [B, width]
+            match = (ch >= 0) & (tree.tokens[rows[:, None], jnp.maximum(ch, 0)] == want[:, None])
+            hit = alive & jnp.any(match, axis=-1)
+            cur = jnp.where(hit, ch[rows, jnp.argmax(match, axis=-1)], cur)
+            accepted += hit
+            alive = hit
+            path.append(cur)
+        return jnp.stack(path, 1), accepted, choice[rows, cur]
+
+    probs = probabilities(target_logits, sampling)  # [B, N, V]
+    p = probs[:, 0]
+    keys = jax.random.split(key, depth * width + 1)
+    for level in range(depth):
+        taken = jnp.zeros((b,), bool)
+        chosen = cur
+        for j in range(width):
+            c = children[rows, cur, j]
+            valid = alive & ~taken & (c >= 0)
+            cc = jnp.maximum(c, 0)
+            tok = tree.tokens[rows, cc]
+            if tree.q is not None:
+                q = tree.q[rows, cc]
+            else:
+                q = jax.nn.one_hot(tok, vocab, dtype=jnp.float32)
+            p_tok = p[rows, tok]
+            q_tok = q[rows, tok]
+            u = jax.random.uniform(keys[level * width + j], (b,))
+            ok = valid & (u * q_tok < p_tok)
+            residual = jnp.maximum(p - q, 0.0)
+            mass = jnp.sum(residual, axis=-1, keepdims=True)
+            residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p)
+            p = jnp.where((valid & ~ok)[:, None], residual, p)
+            chosen = jnp.where(ok, c, chosen)
+            taken = taken | ok
+        cur = jnp.where(taken, chosen, cur)
+        p = jnp.where(taken[:, None], probs[rows, cur], p)
+        accepted += taken
+        alive = taken
+        path.append(cur)
+    return jnp.stack(path, 1), accepted, sample_probs(keys[-1], p)
