@@ -1,10 +1,14 @@
 """KV cache with a static maximum length and per-row lengths.
 
 Slots `[0, lengths[b])` of row b hold committed tokens. A model forward over
-T new tokens writes their K/V at slots `lengths[b] + t` (writes past the end
-are dropped) but does not advance `lengths`; the caller commits what it
-accepted (`commit`) or first moves an accepted tree path into contiguous
-slots (`compact`). Rows of a batch therefore advance independently.
+T new tokens attends to the cache (read-only) plus the new tokens, then
+`write`s their K/V at slots `lengths[b] + t` (writes past the end are
+dropped) without advancing `lengths`; the caller commits what it accepted
+(`commit`) or first moves an accepted tree path into contiguous slots
+(`compact`). Rows of a batch therefore advance independently.
+
+Layout: [L, B, Hkv, S, D] (heads before slots, so q.K is a contiguous
+batched matmul).
 """
 
 from __future__ import annotations
@@ -16,24 +20,37 @@ import jax.numpy as jnp
 
 @flax.struct.dataclass
 class KVCache:
-    k: jax.Array  # [L, B, S, Hkv, D]
-    v: jax.Array  # [L, B, S, Hkv, D]
+    k: jax.Array  # [L, B, Hkv, S, D]
+    v: jax.Array  # [L, B, Hkv, S, D]
     lengths: jax.Array  # [B] int32, committed tokens per row
 
     @classmethod
     def create(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int,
                head_dim: int, dtype=jnp.float32) -> "KVCache":
-        shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
+        shape = (num_layers, batch, num_kv_heads, max_len, head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def batch(self) -> int:
         return self.k.shape[1]
+
+    def write(self, k_new: jax.Array, v_new: jax.Array) -> "KVCache":
+        """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t."""
+        t = k_new.shape[2]
+        slots = write_slots(self.lengths, t)[:, None, :]  # [B, 1, T]
+        rows = jnp.arange(self.batch)[:, None, None]
+        heads = jnp.arange(self.k.shape[2])[None, :, None]
+
+        def put(buf, new):  # new -> [L, B, Hkv, T, D]
+            return buf.at[:, rows, heads, slots].set(new.transpose(0, 1, 3, 2, 4).astype(buf.dtype),
+                                                     mode="drop")
+
+        return self.replace(k=put(self.k, k_new), v=put(self.v, v_new))
 
     def commit(self, n: jax.Array) -> "KVCache":
         """Advance each row's length by n [B] (the first n written slots become context)."""
@@ -48,13 +65,15 @@ class KVCache:
         """
         a = src.shape[1]
         base = self.lengths[:, None]
-        src_slot = base + src
-        dst_slot = jnp.where(jnp.arange(a)[None] < n[:, None], base + jnp.arange(a)[None], self.max_len)
-        rows = jnp.arange(self.batch)[:, None]
+        src_slot = jnp.clip(base + src, 0, self.max_len - 1)[:, None, :]  # [B, 1, A]
+        dst_slot = jnp.where(jnp.arange(a)[None] < n[:, None], base + jnp.arange(a)[None],
+                             self.max_len)[:, None, :]
+        rows = jnp.arange(self.batch)[:, None, None]
+        heads = jnp.arange(self.k.shape[2])[None, :, None]
 
-        def move(buf):  # buf [L, B, S, Hkv, D]
-            picked = buf[:, rows, jnp.clip(src_slot, 0, self.max_len - 1)]  # [L, B, A, Hkv, D]
-            return buf.at[:, rows, dst_slot].set(picked, mode="drop")
+        def move(buf):  # buf [L, B, Hkv, S, D]
+            picked = buf[:, rows, heads, src_slot]  # [L, B, Hkv, A, D]
+            return buf.at[:, rows, heads, dst_slot].set(picked, mode="drop")
 
         return self.replace(k=move(self.k), v=move(self.v)).commit(n)
 
@@ -64,18 +83,12 @@ def write_slots(lengths: jax.Array, t: int) -> jax.Array:
     return lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
 
 
-def attention_mask(lengths: jax.Array, max_len: int, new_mask: jax.Array | None, t: int) -> jax.Array:
-    """Absolute key mask [B, t, max_len] for t new tokens.
+def committed_mask(lengths: jax.Array, max_len: int, t: int) -> jax.Array:
+    """[B, t, max_len]: every query of a forward sees exactly the committed slots."""
+    visible = jnp.arange(max_len, dtype=jnp.int32)[None] < lengths[:, None]
+    return jnp.broadcast_to(visible[:, None, :], (lengths.shape[0], t, max_len))
 
-    Every committed slot (< lengths[b]) is visible; among the new tokens
-    (slots lengths[b] .. lengths[b]+t-1) visibility follows `new_mask`
-    [B, t, t] (True = query i may see new token j), causal when None.
-    """
-    b = lengths.shape[0]
-    if new_mask is None:
-        new_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-    rel = jnp.arange(max_len, dtype=jnp.int32)[None] - lengths[:, None]  # [B, S]
-    in_new = (rel >= 0) & (rel < t)
-    idx = jnp.broadcast_to(jnp.clip(rel, 0, t - 1)[:, None, :], (b, t, max_len))
-    new_visible = jnp.take_along_axis(new_mask, idx, axis=2)
-    return (rel < 0)[:, None, :] | (in_new[:, None, :] & new_visible)
+
+def causal_mask(batch: int, t: int) -> jax.Array:
+    """[B, t, t] lower-triangular mask among new tokens."""
+    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))

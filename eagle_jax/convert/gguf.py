@@ -117,6 +117,41 @@ def _llama3_factors(theta, head_dim, factor, low, high, orig):
     return div
 
 
+def _fit_llama3(div: np.ndarray, theta: float, head_dim: int):
+    """(factor, low_freq_factor, high_freq_factor, original_context) reproducing `div`, or None.
+
+    The divisors depend on (low, high, original context) only through the band
+    edges original/high and original/low, so low is fixed to 1 unless a published
+    parameter set (Llama 3.1/3.2/3.3: low 1, high 4, context 8192) matches.
+    """
+    def ok(params):
+        return np.allclose(_llama3_factors(theta, head_dim, *params), div, rtol=1e-4, atol=1e-6)
+
+    factor = float(div.max())
+    for rounded in (float(np.round(factor)), float(np.round(factor, 4))):
+        if abs(rounded - factor) < 1e-4 * factor:
+            factor = rounded
+            break
+    for low, high, orig in ((1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)):
+        if ok((factor, low, high, orig)):
+            return factor, low, high, orig
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv
+    mid = (div > 1 + 1e-6) & (div < factor * (1 - 1e-6))
+    if mid.sum() < 2 or factor <= 1:
+        return None
+    # smooth s = (orig / wavelen - low) / (high - low), linear in 1 / wavelen
+    s = (1.0 / div[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
+    a, b = np.polyfit(1.0 / wavelen[mid], s, 1)
+    if not (a > 0 and b < 0):
+        return None
+    high = float(np.round(1.0 - 1.0 / b, 6))
+    orig = int(round(a * (high - 1.0)))
+    if not (orig >= 1 and ok((factor, 1.0, high, orig))):
+        return None
+    return factor, 1.0, high, orig
+
+
 def _rope_from_gguf(meta, arch, theta, head_dim, rope_freqs, path) -> RopeConfig:
     pre = f"{arch}.rope.scaling."
     stype = meta.get(pre + "type")
@@ -130,18 +165,15 @@ def _rope_from_gguf(meta, arch, theta, head_dim, rope_freqs, path) -> RopeConfig
                                   f"expected [{head_dim // 2}]")
         if np.allclose(div, 1.0):
             return RopeConfig(theta=theta)
-        # llama.cpp stores Llama 3.x rope scaling only as these divisors: recover the
-        # HF llama3 parameters (every published Llama 3.1/3.2/3.3 uses low=1, high=4,
-        # original context 8192; the factor is the largest divisor).
-        factor = float(np.round(div.max(), 4))
-        for low, high, orig in ((1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 2.0, 8192)):
-            if np.allclose(_llama3_factors(theta, head_dim, factor, low, high, orig), div,
-                           rtol=1e-4, atol=1e-6):
-                return RopeConfig(theta=theta, scaling_type="llama3", factor=factor,
-                                  low_freq_factor=low, high_freq_factor=high,
-                                  original_max_position_embeddings=orig)
-        raise ConfigError(f"{path}: tensor 'rope_freqs.weight' (per-frequency rope divisors) does "
-                          "not match llama3 rope scaling with any known parameters")
+        # llama.cpp stores Llama 3.x rope scaling only as these divisors: recover HF
+        # llama3 parameters that reproduce them (checked by recomputation).
+        found = _fit_llama3(div, theta, head_dim)
+        if found is None:
+            raise ConfigError(f"{path}: tensor 'rope_freqs.weight' (per-frequency rope divisors) "
+                              "does not match llama3 rope scaling with any recoverable parameters")
+        factor, low, high, orig = found
+        return RopeConfig(theta=theta, scaling_type="llama3", factor=factor, low_freq_factor=low,
+                          high_freq_factor=high, original_max_position_embeddings=orig)
     if stype in (None, "none"):
         return RopeConfig(theta=theta)
     neutral = {"attn_factor": (None, 1.0), "yarn_attn_factor": (None, 1.0),
@@ -291,6 +323,9 @@ class _GGUFTensors(Mapping):
             elif ".self_attn.k_proj." in name:
                 w = _unpermute(w, self._cfg.num_kv_heads)
         return w
+
+    def __contains__(self, name):  # Mapping's default would dequantise the tensor
+        return name in self._by_hf
 
     def __iter__(self):
         return iter(self._by_hf)

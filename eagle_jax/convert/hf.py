@@ -464,6 +464,9 @@ class _ShardedTensors(Mapping):
     def __getitem__(self, name):
         return self._where[name][name]
 
+    def __contains__(self, name):
+        return name in self._where
+
     def __iter__(self):
         return iter(self._where)
 

@@ -37,12 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
-from eagle_jax.convert.hf import (
-    CheckpointError,
-    expected_hf_shapes,
-    load_hf_directory,
-    resolve_dtype,
-)
+from eagle_jax.convert.hf import CheckpointError, load_hf_directory, resolve_dtype
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
 from eagle_jax.tokenizer import Tokenizer
 
@@ -394,7 +389,3 @@ def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool
         log.warning("could not write the conversion cache %s (%s); continuing without it", final, e)
     return target
 
-
-def expected_tensor_names(cfg: TargetConfig) -> list[str]:
-    """HF tensor names a checkpoint of `cfg` must hold (for diagnostics)."""
-    return list(expected_hf_shapes(cfg))

@@ -22,10 +22,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.cache import KVCache, attention_mask, write_slots
+from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import fused_norm_matmul
-from eagle_jax.models.layers import cached_attention, linear, split_heads, swiglu_mlp
+from eagle_jax.models.layers import linear, self_attention, split_heads, swiglu_mlp
 from eagle_jax.nn import rms_norm, rope_tables
 
 
@@ -81,8 +81,8 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
 
     tokens [B, T] int32 (target ids: the token *after* each position), hidden
     [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
-    when None) or `slot_mask` [B, T, S] over all cache slots (overrides both
-    the committed-prefix rule and `mask`). `embed` [V, H] is the target's
+    when None); `slot_mask` [B, T, S] over the cache slots written before this
+    call (default: the committed ones). `embed` [V, H] is the target's
     embedding, required when the checkpoint has none. `logits_at` [B] int32
     computes the logits at one position per row only (then [B, 1, Vd]).
     Returns (draft logits float32 [B, T, Vd], feedback [B, T, H], cache).
@@ -103,16 +103,16 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     if slot_mask is None:
-        slot_mask = attention_mask(cache.lengths, cache.max_len, mask, t)
-    attn, k_all, v_all = cached_attention(q, k, v, cos, sin, cache.k, cache.v, 0,
-                                          write_slots(cache.lengths, t), slot_mask)
+        slot_mask = committed_mask(cache.lengths, cache.max_len, t)
+    attn, k, v = self_attention(q, k, v, cos, sin, cache.k[0], cache.v[0], slot_mask,
+                                causal_mask(b, t) if mask is None else mask)
     h = residual + linear(attn, layer["wo"], layer.get("bo"))
     h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
                        eps=eps, impl=impl)
     h_out = h if logits_at is None else jnp.take_along_axis(h, logits_at[:, None, None], axis=1)
     logits = fused_norm_matmul(h_out, params["norm"], params["lm_head"], eps=eps, impl=impl)
     feedback = rms_norm(h, params["norm"], eps) if cfg.norm_output else h
-    return logits.astype(jnp.float32), feedback, cache.replace(k=k_all, v=v_all)
+    return logits.astype(jnp.float32), feedback, cache.write(k[None], v[None])
 
 
 def to_target_logits(draft_logits: jax.Array, vocab: DraftVocab) -> jax.Array:

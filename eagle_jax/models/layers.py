@@ -19,24 +19,22 @@ def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int
     return q, k, v
 
 
-def cached_attention(q, k, v, cos, sin, k_all, v_all, layer, slots, mask, *,
-                     q_norm=None, k_norm=None, eps=1e-6):
-    """Rotate q/k, write k/v into layer `layer` of the cache, attend.
+def self_attention(q, k, v, cos, sin, k_cache, v_cache, cache_mask, new_mask, *,
+                   q_norm=None, k_norm=None, eps=1e-6):
+    """Rotate q/k (after Qwen3's per-head norms when given) and attend.
 
-    q [B,T,Hq,D], k/v [B,T,Hkv,D]; cos/sin [B,T,D]; k_all/v_all [L,B,S,Hkv,D];
-    slots [B,T] write positions; mask [B,T,S]. Returns (out [B,T,Hq*D], k_all, v_all).
+    q [B,T,Hq,D], k/v [B,T,Hkv,D]; cos/sin [B,T,D]; k_cache/v_cache one
+    layer [B,Hkv,S,D]; cache_mask [B,T,S]; new_mask [B,T,T].
+    Returns (out [B,T,Hq*D], k rotated, v): the caller stores k and v.
     """
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
-    rows = jnp.arange(q.shape[0])[:, None]
-    k_all = k_all.at[layer, rows, slots].set(k.astype(k_all.dtype), mode="drop")
-    v_all = v_all.at[layer, rows, slots].set(v.astype(v_all.dtype), mode="drop")
-    out = attention(q, k_all[layer], v_all[layer], mask)
+    out = attention(q, k_cache, v_cache, cache_mask, k, v, new_mask)
     b, t = q.shape[:2]
-    return out.reshape(b, t, -1), k_all, v_all
+    return out.reshape(b, t, -1), k, v
 
 
 def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.cache import KVCache, attention_mask, write_slots
+from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import fused_norm_matmul
-from eagle_jax.models.layers import cached_attention, linear, split_heads, swiglu_mlp
+from eagle_jax.models.layers import linear, self_attention, split_heads, swiglu_mlp
 from eagle_jax.nn import rope_tables
 
 
@@ -40,13 +40,13 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
             raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
     h = jnp.take(params["embed"], tokens, axis=0)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    full_mask = attention_mask(cache.lengths, cache.max_len, mask, t)
-    slots = write_slots(cache.lengths, t)
+    cache_mask = committed_mask(cache.lengths, cache.max_len, t)
+    new_mask = causal_mask(b, t) if mask is None else mask
     aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
     aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
 
     def layer_body(carry, xs):
-        h, k_all, v_all, aux = carry
+        h, aux = carry
         p, i = xs
         hit = aux_ids == i
         slot = jnp.argmax(hit)
@@ -54,18 +54,16 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
         qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
                                 bias=p.get("bqkv"), impl=impl)
         q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        attn, k_all, v_all = cached_attention(
-            q, k, v, cos, sin, k_all, v_all, i, slots, full_mask,
-            q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
+        attn, k, v = self_attention(q, k, v, cos, sin, cache.k[i], cache.v[i], cache_mask, new_mask,
+                                    q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
         h = h + linear(attn, p["wo"], p.get("bo"))
         h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"],
                            eps=cfg.rms_norm_eps, impl=impl)
-        return (h, k_all, v_all, aux), None
+        return (h, aux), (k, v)
 
     layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-    (h, k_all, v_all, aux), _ = jax.lax.scan(
-        layer_body, (h, cache.k, cache.v, aux0), (params["layers"], layer_ids))
-    cache = cache.replace(k=k_all, v=v_all)
+    (h, aux), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0), (params["layers"], layer_ids))
+    cache = cache.write(k_new, v_new)
     if not aux_layers:
         return h, cache, None
     aux = jnp.moveaxis(aux, 0, 2).reshape(b, t, len(aux_layers) * cfg.hidden_size)

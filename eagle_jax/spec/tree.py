@@ -109,17 +109,17 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     slot_ids = jnp.arange(scratch.max_len, dtype=jnp.int32)
     for level in range(1, depth):
         offset = (level - 1) * k
-        own = jax.nn.one_hot(offset + jnp.arange(k), tree_slots, dtype=bool)[None]  # [1, k, slots]
-        anc = front_anc | own
+        anc = front_anc | jax.nn.one_hot(offset + jnp.arange(k), tree_slots, dtype=bool)[None]
         rel = slot_ids[None, :] - base[:, None]  # [B, S] slot relative to the committed length
         in_tree = (rel >= 0) & (rel < tree_slots)
-        tree_vis = jnp.take_along_axis(anc, jnp.broadcast_to(
+        tree_vis = jnp.take_along_axis(front_anc, jnp.broadcast_to(
             jnp.clip(rel, 0, tree_slots - 1)[:, None, :], (b, k, scratch.max_len)), axis=2)
         slot_mask = (rel < 0)[:, None, :] | (in_tree[:, None, :] & tree_vis)
         positions = jnp.broadcast_to((base + level - 1)[:, None], (b, k))
         logits, feedback, scratch = drafter.step(
             dparams, dcfg, front_tok, front_hidden, positions,
-            scratch.replace(lengths=base + offset), embed=embed, slot_mask=slot_mask, impl=impl)
+            scratch.replace(lengths=base + offset), embed=embed, slot_mask=slot_mask,
+            mask=jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k)), impl=impl)
         scores, ids, q = propose(logits, keys[level])  # [B, k, k]
         total = front_score[:, :, None] + scores - _LEVEL_EPS
         flat_score = total.reshape(b, k * k)

@@ -1,0 +1,239 @@
+"""The public generation API.
+
+    gen = Generator.load("smollm2-135m-instruct", draft="default")
+    result = gen.generate(["Write a haiku about JAX."], max_new_tokens=64)
+    for piece in gen.stream("Tell me a story."):
+        print(piece, end="")
+
+`draft=None` (or "none") gives plain decoding through the same interface.
+Prompts are strings (chat-templated unless `chat=False`) or token-id lists.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.runtime import default_dtype, enable_compilation_cache
+from eagle_jax.spec import loop
+from eagle_jax.spec.stats import summarize
+
+
+class PromptError(ValueError):
+    """A prompt is empty, malformed or does not fit the context."""
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[list[int]]  # generated ids per row (prompt excluded)
+    texts: list[str]
+    finish_reasons: list[str]  # "eos", "stop", "length" (max_new_tokens) or "context"
+    prompt_tokens: list[int]
+    stats: dict  # aggregate acceptance statistics (spec/stats.py definitions)
+    row_stats: list[dict]
+    ttft_s: float  # prefill + first token, wall time
+    wall_s: float  # whole request, wall time
+    num_generated: int = 0
+    tokens_per_s: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+
+def _bucket(n: int, chunk: int) -> int:
+    """Padded prompt length: a power of two (>= 16) up to `chunk`, then multiples of it."""
+    if n <= chunk:
+        return max(16, 1 << math.ceil(math.log2(max(n, 1))))
+    return math.ceil(n / chunk) * chunk
+
+
+class Generator:
+    """A target with an optional EAGLE drafter, and the compiled loops to run them."""
+
+    def __init__(self, target_cfg: TargetConfig, target_params, tokenizer=None, *,
+                 drafter: tuple[DrafterConfig, dict, object] | None = None,
+                 spec: SpecConfig = SpecConfig(), context_limit: int | None = None,
+                 prefill_chunk: int = 512, impl: str = "auto"):
+        self.target_cfg = target_cfg
+        self.target_params = target_params
+        self.tokenizer = tokenizer
+        self.drafter_cfg, self.drafter_params, self.vocab = drafter if drafter else (None, None, None)
+        if self.drafter_cfg is not None and self.drafter_cfg.vocab_size != target_cfg.vocab_size:
+            raise ValueError(f"drafter vocab_size {self.drafter_cfg.vocab_size} != target vocab_size "
+                             f"{target_cfg.vocab_size}: the drafter was trained for another target")
+        if self.drafter_cfg is not None and self.drafter_cfg.target_hidden_size != target_cfg.hidden_size:
+            raise ValueError(f"drafter target_hidden_size {self.drafter_cfg.target_hidden_size} != target "
+                             f"hidden_size {target_cfg.hidden_size}")
+        self.spec = spec
+        self.context_limit = min(context_limit or target_cfg.max_position_embeddings,
+                                 target_cfg.max_position_embeddings)
+        self.prefill_chunk = prefill_chunk
+        self.impl = impl
+
+    @classmethod
+    def load(cls, target: str = "smollm2-135m-instruct", draft: str | None = "default", *,
+             dtype: str | None = None, spec: SpecConfig = SpecConfig(), **kwargs) -> "Generator":
+        """Load a target by name or path and a drafter by name, path, "default" or None."""
+        from eagle_jax.convert.bundled import load_drafter_by_name
+        from eagle_jax.convert.registry import load_target
+
+        enable_compilation_cache()
+        dtype = dtype or default_dtype()
+        t = load_target(target, dtype=dtype)
+        d = load_drafter_by_name(draft, t.cfg, target, dtype=dtype)
+        return cls(t.cfg, t.params, t.tokenizer, drafter=d, spec=spec, **kwargs)
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter_cfg is not None
+
+    def eos_ids(self) -> tuple[int, ...]:
+        ids = set(self.target_cfg.eos_token_ids)
+        if self.tokenizer is not None:
+            ids |= set(self.tokenizer.eos_token_ids)
+        return tuple(sorted(ids))
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode_prompts(self, prompts, chat: bool = True) -> list[list[int]]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise PromptError("no prompts given")
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if self.tokenizer is None:
+                    raise PromptError("this target has no tokenizer: pass token ids")
+                ids = self.tokenizer.apply_chat(p) if chat else self.tokenizer.encode(p)
+            else:
+                ids = [int(x) for x in p]
+                bad = [x for x in ids if not 0 <= x < self.target_cfg.vocab_size]
+                if bad:
+                    raise PromptError(f"prompt {i}: token id {bad[0]} outside the vocabulary "
+                                      f"[0, {self.target_cfg.vocab_size})")
+            if not ids:
+                raise PromptError(f"prompt {i} is empty")
+            if len(ids) >= self.context_limit:
+                raise PromptError(f"prompt {i} has {len(ids)} tokens; the context holds "
+                                  f"{self.context_limit}, leaving no room to generate")
+            out.append(ids)
+        return out
+
+    def _loop_config(self, sampling: SamplingConfig) -> loop.LoopConfig:
+        return loop.LoopConfig(target=self.target_cfg, drafter=self.drafter_cfg, spec=self.spec,
+                               sampling=sampling, eos_ids=self.eos_ids(),
+                               context_limit=self.context_limit, prefill_chunk=self.prefill_chunk,
+                               impl=self.impl)
+
+    def _prepare(self, prompts, max_new_tokens, sampling, seed, chat):
+        ids = self.encode_prompts(prompts, chat)
+        b = len(ids)
+        max_new = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(max_new) != b or any((not isinstance(m, int)) or m < 1 for m in max_new):
+            raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
+        lc = self._loop_config(sampling)
+        lens = [len(x) for x in ids]
+        p = _bucket(max(lens), self.prefill_chunk)
+        tokens = np.zeros((b, p), np.int32)
+        for r, x in enumerate(ids):
+            tokens[r, :len(x)] = x
+        final = min(self.context_limit, max(n + m for n, m in zip(lens, max_new)))
+        scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if self.speculative else 2
+        cache_len = 64 * math.ceil((max(p, final) + scratch) / 64)
+        out_width = 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16)
+        args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
+                jax.random.PRNGKey(seed))
+        return ids, lc, args, dict(lc=lc, cache_len=cache_len, out_width=out_width)
+
+    # ------------------------------------------------------------------ running
+
+    def generate(self, prompts, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, chat: bool = True,
+                 stop: Sequence[str] = ()) -> GenerationResult:
+        """Generate for a batch of prompts in one compiled prefill + one compiled loop."""
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        ids, lc, args, static = self._prepare(prompts, max_new_tokens, sampling, seed, chat)
+        t0 = time.perf_counter()
+        state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
+        jax.block_until_ready(state.pending)
+        ttft = time.perf_counter() - t0
+        state = loop.run_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
+        out = np.asarray(state.out)
+        wall = time.perf_counter() - t0
+        return self._result(ids, state, out, ttft, wall, stop)
+
+    def stream(self, prompt, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, chat: bool = True,
+               stop: Sequence[str] = ()) -> Iterator[str]:
+        """Yield text as accepted tokens arrive (one jitted step per host iteration)."""
+        if self.tokenizer is None:
+            raise PromptError("streaming text needs a tokenizer")
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        ids, lc, args, static = self._prepare([prompt], max_new_tokens, sampling, seed, chat)
+        state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
+        shown = ""
+        while True:
+            n = int(state.num_generated[0])
+            text = self.tokenizer.decode(np.asarray(state.out[0, :n]).tolist(), skip_special_tokens=True)
+            cut = _first_stop(text, stop)
+            if cut is not None:
+                text = text[:cut]
+            if len(text) > len(shown) and not text.endswith("\ufffd"):
+                yield text[len(shown):]
+                shown = text
+            if cut is not None or bool(state.done[0]):
+                return
+            state = loop.step_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
+
+    def _result(self, ids, state, out, ttft, wall, stop) -> GenerationResult:
+        gen = np.asarray(state.num_generated)
+        eos = set(self.eos_ids())
+        token_ids, texts, reasons = [], [], []
+        for r, prompt in enumerate(ids):
+            toks = out[r, :gen[r]].tolist()
+            if toks and toks[-1] in eos:
+                reason = "eos"
+            elif len(prompt) + len(toks) >= self.context_limit:
+                reason = "context"
+            else:
+                reason = "length"
+            text = ""
+            if self.tokenizer is not None:
+                text = self.tokenizer.decode(toks, skip_special_tokens=True)
+                cut = _first_stop(text, stop)
+                if cut is not None:
+                    toks = _tokens_for_prefix(self.tokenizer, toks, text[:cut])
+                    text, reason = text[:cut], "stop"
+            token_ids.append(toks)
+            texts.append(text)
+            reasons.append(reason)
+        depth = self.spec.depth if self.speculative else 0
+        total = int(sum(len(t) for t in token_ids))
+        decode_s = max(wall - ttft, 1e-9)
+        return GenerationResult(
+            token_ids=token_ids, texts=texts, finish_reasons=reasons,
+            prompt_tokens=[len(p) for p in ids],
+            stats=summarize(state.stats, depth) if self.speculative else {},
+            row_stats=[summarize(state.stats, depth, rows=[r]) for r in range(len(ids))] if self.speculative else [],
+            ttft_s=ttft, wall_s=wall, num_generated=total, tokens_per_s=total / max(wall, 1e-9),
+            timings={"prefill_s": ttft, "decode_s": decode_s,
+                     "decode_tokens_per_s": (total - len(ids)) / decode_s})
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+    hits = [text.find(s) for s in stop if s and s in text]
+    return min(hits) if hits else None
+
+
+def _tokens_for_prefix(tokenizer, toks: list[int], prefix: str) -> list[int]:
+    """The shortest token prefix whose text covers `prefix`."""
+    for i in range(len(toks) + 1):
+        if len(tokenizer.decode(toks[:i], skip_special_tokens=True)) >= len(prefix):
+            return toks[:i]
+    return toks
