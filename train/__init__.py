@@ -1,0 +1,1 @@
+"""Drafter training: data, features, draft vocabulary, training-time test, trainer."""
