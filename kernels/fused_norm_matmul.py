@@ -1,19 +1,68 @@
 """fused_norm_matmul: y = concat_s(rms_norm(x_s) * g_s) @ w (+ bias).
 
-Shapes: x [..., K]; norm_weights [K] (one norm) or [S, K//S] (one norm per
-segment of the feature axis); w [K, N]; bias [N] or None. Accumulation in
-float32; the result has x's dtype.
+Shapes: x [..., K]; norm_weights [K] (one norm, or the per-segment norms laid
+end to end) or [S, K//S] (one norm per segment of the feature axis); w [K, N];
+bias [N] or None. Accumulation in float32; the result has x's dtype.
+
+Implementations (``impl``):
+
+* ``"xla"``: `rms_norm_matmul_reference`, plain jnp (the path the models use on
+  CPU). It normalises in f32, casts back to x.dtype, multiplies by gamma (like
+  HF RMSNorm) and runs one dot with f32 accumulation. Differentiated by JAX.
+* ``"pallas"``: a Pallas kernel compiled for the current backend: Mosaic on
+  TPU (`_fnm_tpu`), Triton on GPU (`_fnm_gpu`). CPU cannot compile Pallas, so
+  asking for it there raises ValueError.
+* ``"interpret"``: the same Pallas kernel bodies run by the Pallas interpreter
+  (on CPU, for tests). ``target="gpu"`` (the default off TPU) runs the Triton
+  body with ``interpret=True``; ``target="tpu"`` runs the Mosaic body under
+  ``pltpu.InterpretParams`` (TPU semantics simulated on CPU).
+* ``"auto"``: ``pallas`` on GPU and TPU, ``xla`` on CPU.
+
+The environment variable ``EAGLE_JAX_KERNEL_IMPL`` (one of the impl names)
+overrides ``impl`` for every call.
+
+How the kernels compute it (deferred normalisation): with r_s = rsqrt(mean(x_s^2)
++ eps) for each segment s, y = sum_s r_s * (x_s @ (g_s[:, None] * W_s)) + b.
+So gamma is folded into W ("W'"), the kernel streams W' once and accumulates,
+per segment, the f32 partial product and the row sum of squares; r_s scales
+the segment's partial product when its last K tile has been seen.
+
+Folding gamma once, not per call: `fold_norm_into_weight(norm_weights, w,
+segments=...)` returns a `FoldedWeight` (W' plus, for TPU, the zero padding
+the Mosaic blocks need). Pass it as ``w`` with ``norm_weights=None``:
+``fused_norm_matmul(x, None, folded, eps=..., segments=...)``. A plain [K, N]
+array with ``norm_weights=None`` is also taken as already folded. When raw
+(norm_weights, w) are passed to a Pallas impl the fold runs inside the call
+(one extra pass over W: fine for training, where W changes every step anyway,
+wasteful for decode; jit does not hoist it, as W is an argument, not a
+constant). The XLA impl never folds (it keeps the reference numerics).
+
+Gradients: the Pallas impls carry a `jax.custom_vjp` whose backward pass is
+the VJP of the XLA reference (recomputing the norm in plain jnp), giving
+gradients wrt x, norm_weights, w (or the folded weight) and bias.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 IMPLS = ("auto", "xla", "pallas", "interpret")
+TARGETS = ("gpu", "tpu")
+LAYOUTS = ("plain", "tpu")
 ENV_VAR = "EAGLE_JAX_KERNEL_IMPL"
+_FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+# Tests set this to a float (e.g. nan): the Pallas launchers then hand the
+# kernel an output buffer pre-filled with it (aliased to the output), so any
+# element the kernel fails to write keeps the poison value.
+_POISON_OUTPUT: float | None = None
 
 
 def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None):
@@ -30,28 +79,275 @@ def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None)
     return y.astype(x.dtype)
 
 
+# ---------------------------------------------------------------------------
+# Folded weights
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldedWeight:
+    """gamma folded into W: ``w[s * rows + i, n] = g[s, i] * W[s * ks + i, n]``.
+
+    ``w`` is [segments * rows, n_cols] with rows >= ks = k // segments and
+    n_cols >= n; the extra rows of each segment and the extra columns are
+    zeros (the TPU layout pads so that Mosaic blocks tile it exactly; the
+    plain layout has no padding). k, n, segments are static pytree metadata,
+    so a FoldedWeight can be a jit argument, be stacked for `lax.scan`, etc.
+    """
+
+    w: Any
+    k: int
+    n: int
+    segments: int
+
+    @property
+    def rows_per_segment(self) -> int:
+        return self.w.shape[-2] // self.segments
+
+    def plain(self):
+        """The unpadded folded weight, [k, n]."""
+        ks = self.k // self.segments
+        if self.w.shape[-2:] == (self.k, self.n):
+            return self.w
+        w = self.w.reshape(self.segments, self.rows_per_segment, self.w.shape[-1])
+        return w[:, :ks, : self.n].reshape(self.k, self.n)
+
+
+jax.tree_util.register_dataclass(
+    FoldedWeight, data_fields=["w"], meta_fields=["k", "n", "segments"]
+)
+
+
+def tpu_weight_geometry(k: int, n: int, segments: int, itemsize: int):
+    """(rows_per_segment, n_cols, block_k, block_n) of the TPU weight layout."""
+    from eagle_jax.kernels import _fnm_tpu
+
+    return _fnm_tpu.weight_geometry(k, n, segments, itemsize)
+
+
+def _relayout(w_plain, k, n, segments, layout):
+    """Pad a plain [k, n] folded weight into `layout`."""
+    if layout == "plain":
+        return FoldedWeight(w_plain, k, n, segments)
+    rows, cols, _, _ = tpu_weight_geometry(k, n, segments, jnp.dtype(w_plain.dtype).itemsize)
+    ks = k // segments
+    if (rows, cols) == (ks, n):
+        return FoldedWeight(w_plain, k, n, segments)
+    w = w_plain.reshape(segments, ks, n)
+    w = jnp.pad(w, ((0, 0), (0, rows - ks), (0, cols - n)))
+    return FoldedWeight(w.reshape(segments * rows, cols), k, n, segments)
+
+
+def default_layout() -> str:
+    return "tpu" if jax.default_backend() == "tpu" else "plain"
+
+
+def fold_norm_into_weight(norm_weights, w, *, segments=1, dtype=None, layout=None) -> FoldedWeight:
+    """Fold the RMSNorm gains into W once: W'[k, :] = g[k] * W[k, :].
+
+    The product is taken in f32 and cast to ``dtype`` (default: w's dtype).
+    ``layout`` is "plain" (no padding; what the GPU kernel and the XLA path
+    take) or "tpu" (each segment's rows and the columns zero-padded to the
+    Mosaic blocks); default: "tpu" on a TPU backend, else "plain". Any
+    layout is accepted by every impl; a mismatched one is re-laid out per
+    call (a copy of W), so fold with the layout of the machine you run on.
+    Call this once per weight (e.g. when loading a checkpoint for decoding)
+    and pass the result as ``w`` with ``norm_weights=None``.
+    """
+    layout = default_layout() if layout is None else layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown weight layout {layout!r}; expected one of {LAYOUTS}")
+    _check_segments(segments)
+    w = jnp.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"w must be [K, N], got shape {w.shape}")
+    k, n = w.shape
+    if k % segments:
+        raise ValueError(f"K={k} is not divisible into {segments} segments")
+    g = _check_norm_weights(norm_weights, k, segments)
+    dtype = w.dtype if dtype is None else jnp.dtype(dtype)
+    w_plain = (w.astype(jnp.float32) * g.reshape(k, 1).astype(jnp.float32)).astype(dtype)
+    return _relayout(w_plain, k, n, segments, layout)
+
+
+# ---------------------------------------------------------------------------
+# Validation and dispatch
+# ---------------------------------------------------------------------------
+
+
+def _check_segments(segments):
+    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
+        raise ValueError(f"segments must be a positive int, got {segments!r}")
+
+
+def _check_norm_weights(norm_weights, k, segments):
+    g = jnp.asarray(norm_weights)
+    ks = k // segments
+    if g.shape not in ((k,), (segments, ks)):
+        allowed = f"[{k}]" if segments == 1 else f"[{k}] or [{segments}, {ks}]"
+        raise ValueError(
+            f"norm_weights must be {allowed} for K={k} and segments={segments}, got shape {g.shape}")
+    return g
+
+
 def _resolve_impl(impl: str) -> str:
     forced = os.environ.get(ENV_VAR)
+    source = "the impl argument"
     if forced:
-        impl = forced
+        impl, source = forced, f"${ENV_VAR}"
     if impl not in IMPLS:
-        raise ValueError(f"unknown kernel impl {impl!r}; expected one of {IMPLS} "
-                         f"(from {'$' + ENV_VAR if forced else 'the impl argument'})")
+        raise ValueError(f"unknown kernel impl {impl!r} (from {source}); expected one of {IMPLS}")
     if impl == "auto":
         impl = "xla" if jax.default_backend() == "cpu" else "pallas"
     return impl
 
 
-def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto"):
-    """RMSNorm (per segment) followed by a projection. See module docstring."""
+def _backend_target():
+    backend = jax.default_backend()
+    if backend == "tpu":
+        return "tpu"
+    if backend in ("gpu", "cuda", "rocm"):
+        return "gpu"
+    return None
+
+
+def _resolve_target(impl: str, target):
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"unknown kernel target {target!r}; expected one of {TARGETS} or None")
+    here = _backend_target()
+    if impl == "pallas":
+        if here is None:
+            raise ValueError(
+                f"impl='pallas' needs a GPU or TPU backend, but the backend is "
+                f"{jax.default_backend()!r}; use impl='interpret' (tests) or 'xla'")
+        if target is not None and target != here:
+            raise ValueError(f"target={target!r} cannot be compiled on the {here!r} backend; "
+                             f"use impl='interpret' to run that kernel body")
+        return here
+    return target or here or "gpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    eps: float
+    segments: int
+    target: str
+    interpret: bool
+
+
+def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None):
+    """RMSNorm (per segment) followed by a projection. See module docstring.
+
+    ``norm_weights=None`` means ``w`` already has gamma folded in (a
+    `FoldedWeight` from `fold_norm_into_weight`, or a plain [K, N] array).
+    ``target`` ("gpu" or "tpu") picks which Pallas kernel body an
+    ``interpret`` run uses; for ``pallas`` it must match the backend.
+    """
+    x = jnp.asarray(x)
+    if x.ndim < 1:
+        raise ValueError("x must be [..., K], got a scalar")
+    if jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    _check_segments(segments)
+    segments = int(segments)
     k = x.shape[-1]
-    if w.ndim != 2 or w.shape[0] != k:
-        raise ValueError(f"w must be [K={k}, N], got {w.shape}")
+    if isinstance(w, FoldedWeight):
+        if norm_weights is not None:
+            raise ValueError("w is a FoldedWeight (gamma already folded in): pass norm_weights=None")
+        if w.k != k:
+            raise ValueError(f"FoldedWeight has K={w.k}, but x has K={k}")
+        if w.segments != segments:
+            raise ValueError(f"FoldedWeight was folded with segments={w.segments}, "
+                             f"but segments={segments} was passed")
+        n = w.n
+        wdtype = w.w.dtype
+    else:
+        w = jnp.asarray(w)
+        if w.ndim != 2 or w.shape[0] != k:
+            raise ValueError(f"w must be [K={k}, N], got shape {w.shape}")
+        n = w.shape[1]
+        wdtype = w.dtype
+    if not jnp.issubdtype(wdtype, jnp.floating):
+        raise ValueError(f"w must be floating point, got {wdtype}")
     if k % segments:
         raise ValueError(f"K={k} is not divisible into {segments} segments")
-    if norm_weights.size != k:
-        raise ValueError(f"norm_weights must hold K={k} values, got shape {norm_weights.shape}")
+    if norm_weights is not None:
+        norm_weights = _check_norm_weights(norm_weights, k, segments)
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if bias.shape != (n,):
+            raise ValueError(f"bias must be [N={n}], got shape {bias.shape}")
+    try:
+        eps = float(eps)
+    except (TypeError, jax.errors.ConcretizationTypeError) as e:
+        raise ValueError(f"eps must be a Python float, got {eps!r}") from e
     impl = _resolve_impl(impl)
+
     if impl == "xla":
+        if norm_weights is None:
+            w_plain = w.plain() if isinstance(w, FoldedWeight) else w
+            return rms_norm_matmul_reference(x, jnp.ones((k,), x.dtype), w_plain, eps=eps,
+                                             segments=segments, bias=bias)
         return rms_norm_matmul_reference(x, norm_weights, w, eps=eps, segments=segments, bias=bias)
-    raise NotImplementedError(f"kernel impl {impl!r} is not built yet")
+
+    target = _resolve_target(impl, target)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return jnp.zeros((*lead, n), x.dtype)
+    cfg = _Config(eps=eps, segments=segments, target=target, interpret=impl == "interpret")
+    y = _pallas_apply(cfg, x2, norm_weights, w, bias)
+    return y.reshape(*lead, n)
+
+
+# ---------------------------------------------------------------------------
+# Pallas path with custom VJP
+# ---------------------------------------------------------------------------
+
+
+def _math_reference(cfg: _Config, x2, g, w, bias):
+    """What the kernel computes, in plain jnp (used for the backward pass)."""
+    k = x2.shape[-1]
+    if g is None:
+        w_plain = w.plain() if isinstance(w, FoldedWeight) else w
+        g = jnp.ones((k,), x2.dtype)
+    else:
+        w_plain = w
+    return rms_norm_matmul_reference(x2, g, w_plain, eps=cfg.eps, segments=cfg.segments, bias=bias)
+
+
+def _pallas_forward(cfg: _Config, x2, g, w, bias):
+    from eagle_jax.kernels import _fnm_gpu, _fnm_tpu
+
+    layout = "tpu" if cfg.target == "tpu" else "plain"
+    k = x2.shape[-1]
+    if g is not None:
+        fw = fold_norm_into_weight(g, w, segments=cfg.segments, layout=layout)
+    elif isinstance(w, FoldedWeight):
+        fw = w
+    else:
+        fw = FoldedWeight(w, k, w.shape[1], cfg.segments)
+    if cfg.target == "tpu":
+        rows, cols, _, _ = tpu_weight_geometry(fw.k, fw.n, fw.segments, jnp.dtype(fw.w.dtype).itemsize)
+        if fw.w.shape != (fw.segments * rows, cols):
+            fw = _relayout(fw.plain(), fw.k, fw.n, fw.segments, "tpu")
+        return _fnm_tpu.run(x2, fw, bias, eps=cfg.eps, interpret=cfg.interpret, poison=_POISON_OUTPUT)
+    return _fnm_gpu.run(x2, fw, bias, eps=cfg.eps, interpret=cfg.interpret, poison=_POISON_OUTPUT)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _pallas_apply(cfg, x2, g, w, bias):
+    return _pallas_forward(cfg, x2, g, w, bias)
+
+
+def _pallas_apply_fwd(cfg, x2, g, w, bias):
+    return _pallas_forward(cfg, x2, g, w, bias), (x2, g, w, bias)
+
+
+def _pallas_apply_bwd(cfg, res, dy):
+    x2, g, w, bias = res
+    _, vjp = jax.vjp(functools.partial(_math_reference, cfg), x2, g, w, bias)
+    return vjp(dy)
+
+
+_pallas_apply.defvjp(_pallas_apply_fwd, _pallas_apply_bwd)

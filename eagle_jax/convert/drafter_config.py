@@ -60,6 +60,7 @@ __all__ = [
     "SPECULATORS_VERSION",
     "detect_config_format",
     "drafter_config_from_dict",
+    "is_drafter_config",
     "drafter_config_to_native",
     "drafter_config_to_speculators",
     "rope_from_dict",
@@ -81,6 +82,7 @@ KNOWN_DRAFTER_KEYS = frozenset(FLAG_NAMES) | {
     "target_hidden_size",
     "target_vocab_size",
     "draft_vocab_size",
+    "truncated_vocab_size",  # nebius-style alias of draft_vocab_size
     "speculators_model_type",
     "speculators_version",
     "speculators_config",
@@ -88,11 +90,28 @@ KNOWN_DRAFTER_KEYS = frozenset(FLAG_NAMES) | {
 _SGLANG_SEMANTICS = ("sglang", "specforge", "output")
 _VLLM_SEMANTICS = ("vllm", "safeailab", "speculators", "input")
 _SUPPORTED_SPECULATORS_TYPES = ("eagle3",)
+# transformer_layer_config is a serialized LlamaConfig; transformers 4's
+# to_diff_dict drops values equal to these class defaults.
+_LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                   "num_attention_heads": 32, "max_position_embeddings": 2048}
 
 
 def _is_specforge(d: dict) -> bool:
     archs = d.get("architectures") or []
     return any(isinstance(a, str) and a.endswith("ForCausalLMEagle3") for a in archs)
+
+
+def is_drafter_config(config_dict: dict) -> bool:
+    """True when a config.json dict looks like an EAGLE-3 drafter (speculators
+    eagle3, a `*ForCausalLMEagle3` architecture, or a one-layer Llama config
+    with drafter keys such as `draft_vocab_size`)."""
+    if not isinstance(config_dict, dict):
+        return False
+    if "speculators_model_type" in config_dict or _is_specforge(config_dict):
+        return True
+    drafter_keys = KNOWN_DRAFTER_KEYS - {"speculators_model_type", "speculators_version",
+                                         "speculators_config"}
+    return config_dict.get("num_hidden_layers") == 1 and any(k in config_dict for k in drafter_keys)
 
 
 def detect_config_format(config_dict: dict) -> str:
@@ -321,6 +340,7 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         algo = spec.get("algorithm")
         if algo is not None and algo not in _SUPPORTED_SPECULATORS_TYPES:
             raise ConfigError(f"speculators_config.algorithm {algo!r} is not eagle3")
+        layer = {**{k: v for k, v in _LLAMA_DEFAULTS.items() if k != "vocab_size"}, **layer}
     else:
         layer, where, spec = top, "the config", {}
 
@@ -356,13 +376,20 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
             raise ConfigError(f"target_vocab_size {tv} != vocab_size {vocab}")
         vocab = tv
     if vocab is None:
-        if target_cfg is None:
+        if target_cfg is not None:
+            vocab = target_cfg.vocab_size
+        elif fmt == "speculators":
+            vocab = _LLAMA_DEFAULTS["vocab_size"]
+        else:
             raise ConfigError(f"{where} lacks required key 'vocab_size'")
-        vocab = target_cfg.vocab_size
     if target_cfg is not None and vocab != target_cfg.vocab_size:
         raise ConfigError(f"vocab_size {vocab} of the drafter differs from the target's "
                           f"{target_cfg.vocab_size}")
-    draft_vocab = _int(top, "draft_vocab_size", "the config", default=vocab)
+    draft_vocab = _int(top, "draft_vocab_size", "the config", default=None)
+    truncated = _int(top, "truncated_vocab_size", "the config", default=None)
+    if draft_vocab is not None and truncated is not None and draft_vocab != truncated:
+        raise ConfigError(f"draft_vocab_size {draft_vocab} != truncated_vocab_size {truncated}")
+    draft_vocab = draft_vocab if draft_vocab is not None else (truncated if truncated is not None else vocab)
     target_hidden = _int(top, "target_hidden_size", "the config", default=None)
     if target_hidden is None:
         target_hidden = hidden
@@ -468,7 +495,7 @@ def drafter_config_to_native(cfg: DrafterConfig, *, torch_dtype: str | None = No
 def drafter_config_to_speculators(cfg: DrafterConfig, *, torch_dtype: str | None = None) -> dict:
     """A speculators-format config.json dict (`speculators_model_type: "eagle3"`)."""
     d: dict[str, Any] = {
-        "architectures": ["Eagle3Speculator"],
+        "architectures": ["Eagle3DraftModel"],  # what speculators' save_pretrained writes
         "speculators_model_type": "eagle3",
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": _layer_dict(cfg, torch_dtype),

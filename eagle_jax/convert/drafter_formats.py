@@ -243,7 +243,8 @@ def validate_vocab(d2t: np.ndarray | None, t2d: np.ndarray | None, cfg: DrafterC
 def _float(name: str, a: np.ndarray, dtype) -> jnp.ndarray:
     if not np.issubdtype(a.dtype, np.floating) and a.dtype != np.dtype(ml_dtypes.bfloat16):
         raise CheckpointError(f"{name} has dtype {a.dtype}; expected a floating-point tensor")
-    return jnp.asarray(np.asarray(a).astype(np.dtype(dtype)))
+    a = np.asarray(a)
+    return jnp.asarray(a if dtype is None else a.astype(np.dtype(dtype)))
 
 
 def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtype=jnp.float32,
@@ -321,7 +322,8 @@ def load_drafter(path: str | os.PathLike, target_cfg: TargetConfig | None = None
                  *, aux_layer_semantics: str | None = None) -> tuple[DrafterConfig, dict, DraftVocab]:
     """Load a SafeAILab / SpecForge / speculators drafter checkpoint directory.
 
-    Returns (cfg, params, vocab); params follow docs/PARAMS.md in `dtype`.
+    Returns (cfg, params, vocab); params follow docs/PARAMS.md in `dtype`
+    (None keeps the checkpoint's own floating dtype).
     `target_cfg` fills what drafter configs omit (aux ids, RoPE, lengths) and is
     checked for consistency. See `drafter_config_from_dict` for the aux id
     convention and `aux_layer_semantics`.
@@ -351,7 +353,11 @@ def _np(x, dtype=None) -> np.ndarray:
 
 def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
                         format: str = "speculators", dtype=None) -> dict[str, np.ndarray]:
-    """The on-disk tensors ([out, in] weights, int64 d2t, bool t2d) of a drafter."""
+    """The on-disk tensors ([out, in] weights, int64 d2t, bool t2d) of a drafter.
+
+    `d2t`/`t2d` are always written in the native format, and in the speculators
+    format unless the draft vocabulary is the target's (identity map).
+    """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     p = _LAYER_PREFIX[format]
@@ -396,8 +402,13 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
         out["input_norm.weight"] = _np(params["input_norm"], dtype)
     if cfg.has_embedding:
         out["embed_tokens.weight"] = _np(params["embed"], dtype)
-    out["d2t"] = _np(vocab.d2t, np.int64)
-    out["t2d"] = _np(vocab.t2d, np.bool_)
+    d2t, t2d = _np(vocab.d2t, np.int64), _np(vocab.t2d, np.bool_)
+    validate_vocab(d2t, t2d, cfg)
+    identity = cfg.draft_vocab_size == cfg.vocab_size and not d2t.any()
+    if format == "native" or not identity:
+        # speculators registers no d2t/t2d buffers when the vocabularies are equal
+        # (vLLM then keeps its identity map); SafeAILab always registers both.
+        out["d2t"], out["t2d"] = d2t, t2d
     # Validate what is about to be written with the reader's own rules.
     req, opt = checkpoint_tensor_shapes(cfg, p)
     for key, arr in out.items():
@@ -405,7 +416,6 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
         if key not in ("d2t", "t2d") and tuple(arr.shape) != shape:
             raise ConfigError(f"params for {key} have shape {list(arr.shape)}, expected "
                               f"{list(shape)} {desc}")
-    validate_vocab(out["d2t"], out["t2d"], cfg)
     return out
 
 

@@ -15,7 +15,6 @@ the NeoX rotary layout and are stored unpermuted.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -381,6 +380,3 @@ def load_gguf(path: str | os.PathLike, dtype="float32") -> tuple[TargetConfig, d
     params = params_from_hf_tensors(cfg, tensors, dtype, source=path, shape_of=tensors.shape)
     return cfg, params, gguf_tokenizer_metadata(meta)
 
-
-def replace_eos(cfg: TargetConfig, eos: tuple[int, ...]) -> TargetConfig:
-    return dataclasses.replace(cfg, eos_token_ids=tuple(dict.fromkeys(eos)))

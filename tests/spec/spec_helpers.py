@@ -1,0 +1,51 @@
+"""Tiny random targets and drafters for engine tests (imported by tests/spec/*)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from eagle_jax.config import DrafterConfig, TargetConfig
+from eagle_jax.models import drafter, target
+
+
+def tiny_target(vocab=8, qwen3=False, seed=0, scale=0.3, eos=()):
+    cfg = TargetConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=4,
+                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=512,
+                       qk_norm=qwen3, architecture="Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLM",
+                       model_type="qwen3" if qwen3 else "llama", eos_token_ids=tuple(eos))
+    return cfg, target.init_params(cfg, jax.random.PRNGKey(seed), scale=scale)
+
+
+def tiny_drafter(tcfg, variant="eagle3", draft_vocab=None, seed=1, scale=0.3):
+    flags = {"eagle3": {}, "eagle3.1": dict(fc_norm=True, norm_output=True)}[variant]
+    v = tcfg.vocab_size
+    vd = draft_vocab or v
+    cfg = DrafterConfig(hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8,
+                        vocab_size=v, draft_vocab_size=vd, target_hidden_size=tcfg.hidden_size,
+                        aux_layer_ids=(1, 2, 3), rope=tcfg.rope, **flags)
+    params = drafter.init_params(cfg, jax.random.PRNGKey(seed), scale=scale)
+    ids = jnp.sort(jax.random.permutation(jax.random.PRNGKey(seed + 7), v)[:vd])
+    return cfg, params, drafter.DraftVocab.from_target_ids(ids, v)
+
+
+def random_prompts(vocab, lengths, seed=3):
+    key = jax.random.PRNGKey(seed)
+    return [jax.random.randint(jax.random.fold_in(key, i), (n,), 0, vocab).tolist()
+            for i, n in enumerate(lengths)]
+
+
+def smollm2_random_drafter(tcfg, variant, draft_vocab=4096, seed=11):
+    flags = {"eagle3": {}, "eagle3.1": dict(fc_norm=True, norm_output=True)}[variant]
+    cfg = DrafterConfig(hidden_size=tcfg.hidden_size, intermediate_size=tcfg.intermediate_size,
+                        num_heads=tcfg.num_heads, num_kv_heads=tcfg.num_kv_heads, head_dim=tcfg.head_dim,
+                        vocab_size=tcfg.vocab_size, draft_vocab_size=draft_vocab,
+                        target_hidden_size=tcfg.hidden_size, aux_layer_ids=tcfg.default_aux_layers(),
+                        rope=tcfg.rope, rms_norm_eps=tcfg.rms_norm_eps,
+                        max_position_embeddings=tcfg.max_position_embeddings, **flags)
+    params = drafter.init_params(cfg, jax.random.PRNGKey(seed))
+    ids = jnp.sort(jax.random.permutation(jax.random.PRNGKey(seed + 1), tcfg.vocab_size)[:draft_vocab])
+    return cfg, params, drafter.DraftVocab.from_target_ids(ids, tcfg.vocab_size)
+
+
+def with_eos(cfg, eos):
+    return dataclasses.replace(cfg, eos_token_ids=tuple(eos))
