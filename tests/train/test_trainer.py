@@ -1,0 +1,324 @@
+"""Trainer: features, resume, SIGKILL recovery, config handling, a small end-to-end run.
+
+Everything runs on a tiny random target (4 layers, hidden 64, vocab 256) whose
+lm_head is scaled up so that its distributions are peaked; the training data
+are its own greedy continuations of random prompts (so the drafter has
+something learnable). This file is also the child process of the SIGKILL
+test: ``python test_trainer.py child OUT_DIR`` trains slowly until killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eagle_jax.config import ConfigError, TargetConfig
+from eagle_jax.models import drafter, target
+
+TCFG = TargetConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                    num_kv_heads=2, head_dim=16, max_position_embeddings=1024, name_or_path="tiny-random")
+
+
+def tiny_target():
+    params = target.init_params(TCFG, jax.random.PRNGKey(0))
+    params["lm_head"] = params["lm_head"] * 40.0  # logits std ~ 6: peaked, greedy-friendly
+    return params
+
+
+def greedy_examples(tparams, n, seed, prompt_len=4, new=60):
+    """Examples {input_ids, loss_mask}: random prompt (mask 0) + the target's greedy continuation (mask 1)."""
+    from eagle_jax.generate import Generator
+
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, TCFG.vocab_size, prompt_len).tolist() for _ in range(n)]
+    res = Generator(TCFG, tparams, None).generate(prompts, max_new_tokens=new)
+    out = []
+    for i, (p, g) in enumerate(zip(prompts, res.token_ids)):
+        ids = np.asarray(p + g, np.int32)
+        lm = np.r_[np.zeros(len(p)), np.ones(len(g))].astype(np.int32)
+        out.append({"id": f"{seed}-{i}", "input_ids": ids, "loss_mask": lm})
+    return out, prompts
+
+
+def make_vocab(examples, size=128):
+    from eagle_jax.train import vocab as V
+
+    d2t, _ = V.build_draft_vocab(V.token_frequencies(examples, TCFG.vocab_size), size, TCFG.vocab_size)
+    return drafter.DraftVocab.from_target_ids(V.draft_to_target_ids(d2t), TCFG.vocab_size)
+
+
+def small_cfg(out, **kw):
+    from eagle_jax.train.trainer import TrainConfig
+
+    base = dict(output_dir=str(out), steps=10, batch_size=4, seq_len=64, draft_vocab_size=128,
+                ttt_length=3, lr=3e-3, warmup_steps=3, save_every=2, max_to_keep=3, progress=False,
+                eval_prompts=0, eval_at_start=False, export=False, seed=0, aux_layer_ids=[1, 2, 3])
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tparams = tiny_target()
+    train, _ = greedy_examples(tparams, 32, seed=1)
+    return tparams, train, make_vocab(train)
+
+
+def _params(trainer):
+    return jax.tree.map(np.asarray, trainer.state["params"])
+
+
+@pytest.fixture(scope="module")
+def reference(setup, tmp_path_factory):
+    """An uninterrupted 10-step run."""
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, vocab = setup
+    tr = Trainer(small_cfg(tmp_path_factory.mktemp("ref")), TCFG, tparams, train, vocab)
+    tr.run()
+    return _params(tr), tr.log_path
+
+
+# ----------------------------------------------------------------------------- features
+
+def test_features_match_full_logits(setup):
+    from eagle_jax.train import features as F
+
+    tparams, train, vocab = setup
+    fn = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="chunked", vocab_chunk=48)  # 256 = 5*48+16
+    tokens = jnp.asarray(np.stack([train[i]["input_ids"][:32] for i in range(3)]))
+    feats = fn(tparams, tokens, vocab.target_ids, vocab.t2d)
+    pos = jnp.broadcast_to(jnp.arange(32), tokens.shape)
+    hidden, _, aux = target.forward(tparams, TCFG, tokens, pos, target.create_cache(TCFG, 3, 32),
+                                    aux_layers=(1, 2, 3))
+    full = target.logits(tparams, TCFG, hidden)
+    np.testing.assert_allclose(np.asarray(feats.aux), np.asarray(aux), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(feats.logits), np.asarray(full[..., vocab.target_ids]),
+                               rtol=1e-4, atol=1e-4)
+    want = np.asarray(vocab.t2d)[np.asarray(jnp.argmax(full, -1))]
+    np.testing.assert_array_equal(np.asarray(feats.in_vocab), want)
+    # a vocab that misses the greedy tokens: the flag must turn off there
+    ids = np.setdiff1d(np.arange(256), np.asarray(jnp.argmax(full, -1))[0, :8])[:100]
+    v2 = drafter.DraftVocab.from_target_ids(ids, 256)
+    f2 = fn(tparams, tokens, v2.target_ids, v2.t2d)
+    assert not np.asarray(f2.in_vocab)[0, :8].any()
+    full_mode = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="full")(tparams, tokens, v2.target_ids, v2.t2d)
+    np.testing.assert_array_equal(np.asarray(full_mode.in_vocab), np.asarray(f2.in_vocab))
+
+
+def test_feature_cache_round_trip(setup, tmp_path):
+    from eagle_jax.train import features as F
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, vocab = setup
+    tr = Trainer(small_cfg(tmp_path, feature_cache=True), TCFG, tparams, train, vocab)
+    from eagle_jax.train.trainer import iter_batches
+
+    batch = next(iter_batches(train, 4, 64))
+    online = tr.batch_features(batch)  # computes and stores
+    tr.feature_cache.flush()
+    assert tr.feature_cache.has_all(batch["example_indices"])
+    cached = tr.batch_features(batch)  # served from disk (bfloat16)
+    n = batch["lengths"]
+    for r in range(4):
+        np.testing.assert_allclose(np.asarray(cached["aux"][r, :n[r]]), np.asarray(online["aux"][r, :n[r]]),
+                                   rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(np.asarray(cached["target_logits"][r, :n[r]]),
+                                   np.asarray(online["target_logits"][r, :n[r]]), rtol=0.05, atol=0.3)
+        np.testing.assert_array_equal(np.asarray(cached["in_vocab"][r, :n[r]]),
+                                      np.asarray(online["in_vocab"][r, :n[r]]))
+    assert tr.feature_cache.size_bytes() > 0
+    # a new cache object reads the index back
+    again = F.FeatureCache(tr.feature_cache.dir, tr.feature_cache.meta)
+    assert again.has_all(batch["example_indices"])
+
+
+def test_iter_batches_matches_data_batches(setup):
+    from eagle_jax.train import data
+    from eagle_jax.train.trainer import iter_batches
+
+    _, train, _ = setup
+    ref = list(data.batches(train, 4, 64, seed=3, epochs=2))
+    it = iter_batches(train, 4, 64, seed=3, start=5)
+    for want in ref[5:]:
+        got = next(it)
+        assert got["index"] == want["index"]
+        np.testing.assert_array_equal(got["input_ids"], want["input_ids"])
+        np.testing.assert_array_equal(got["loss_mask"], want["loss_mask"])
+
+
+# ----------------------------------------------------------------------------- init
+
+def test_init_copies_target_head_and_norm(setup):
+    from eagle_jax.train.trainer import build_drafter_config, init_drafter_params
+
+    tparams, _, vocab = setup
+    dcfg = build_drafter_config(TCFG, small_cfg("/tmp/unused", variant="eagle3.1"))
+    assert dcfg.fc_norm and dcfg.norm_output and dcfg.aux_layer_ids == (1, 2, 3)
+    p = init_drafter_params(dcfg, TCFG, tparams, vocab, jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(np.asarray(p["lm_head"]), np.asarray(tparams["lm_head"][:, vocab.target_ids]))
+    np.testing.assert_array_equal(np.asarray(p["norm"]), np.asarray(tparams["final_norm"]))
+    assert "embed" not in p
+    np.testing.assert_array_equal(np.asarray(p["fc_norm"]), 1.0)
+
+
+# ----------------------------------------------------------------------------- resume
+
+def test_resume_reproduces_uninterrupted_run(setup, reference, tmp_path):
+    from eagle_jax.train.trainer import Trainer, read_log
+
+    tparams, train, vocab = setup
+    ref_params, ref_log = reference
+    cfg = small_cfg(tmp_path)
+    first = Trainer(cfg, TCFG, tparams, train, vocab)
+    s = first.run(stop_after=5)  # checkpoints at 2 and 4; step 5 is lost
+    assert s["step"] == 5
+    second = Trainer(cfg, TCFG, tparams, train, vocab)  # a fresh trainer, as after a restart
+    second.run()
+    got = _params(second)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), got, ref_params)
+    want = {r["step"]: r["loss"] for r in read_log(ref_log) if r["type"] == "train"}
+    have = {r["step"]: r["loss"] for r in read_log(second.log_path) if r["type"] == "train"}
+    for k in range(5, 11):  # step 5 ran twice (once before the "crash"), then 6..10
+        np.testing.assert_allclose(have[k], want[k], rtol=1e-6)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [6, 8, 10]  # max_to_keep = 3
+
+
+def test_no_resume_refuses_existing_checkpoints(setup, tmp_path):
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, vocab = setup
+    Trainer(small_cfg(tmp_path, steps=2), TCFG, tparams, train, vocab).run()
+    with pytest.raises(FileExistsError):
+        Trainer(small_cfg(tmp_path, steps=4, resume=False), TCFG, tparams, train, vocab).run()
+
+
+def _child(out_dir: str) -> None:
+    """Train the reference config slowly (0.3 s per step) until killed."""
+    from eagle_jax.train.trainer import Trainer
+
+    tparams = tiny_target()
+    train, _ = greedy_examples(tparams, 32, seed=1)
+    tr = Trainer(small_cfg(out_dir), TCFG, tparams, train, make_vocab(train))
+    step = tr.train_step
+
+    def slow(*a):
+        out = step(*a)
+        jax.block_until_ready(out)
+        time.sleep(0.3)
+        return out
+
+    tr.train_step = slow
+    tr.run()
+
+
+def test_sigkill_resumes_from_last_checkpoint(setup, reference, tmp_path):
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, vocab = setup
+    ckpt = tmp_path / "checkpoints"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, __file__, "child", str(tmp_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline:
+            done = [int(p.name) for p in ckpt.iterdir() if p.name.isdigit()] if ckpt.is_dir() else []
+            if any(s >= 4 for s in done):
+                break
+            if proc.poll() is not None:
+                pytest.fail("child exited early:\n" + proc.stdout.read().decode()[-3000:])
+            time.sleep(0.05)
+        else:
+            pytest.fail("child made no checkpoint >= 4 in time")
+        time.sleep(0.35)  # land somewhere inside a later step
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    tr = Trainer(small_cfg(tmp_path), TCFG, tparams, train, vocab)
+    latest = tr.manager().latest_step()
+    assert latest is not None and 4 <= latest < 10
+    tr.run()
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), _params(tr), reference[0])
+
+
+# ----------------------------------------------------------------------------- config / CLI
+
+def test_config_errors_and_overrides(tmp_path):
+    import argparse
+
+    from eagle_jax.train import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 10\nlearning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match="learning_rate"):
+        cli.load_config(parser.parse_args(["--config", str(bad)]))
+    with pytest.raises(ConfigError, match="ttt_lenght"):
+        cli.load_config(parser.parse_args(["--set", "ttt_lenght=3"]))
+    good = tmp_path / "good.json"
+    good.write_text('{"steps": 10, "variant": "eagle3", "lr": 0.001}')
+    cfg = cli.load_config(parser.parse_args(["--config", str(good), "--steps", "7", "--variant", "eagle3.1",
+                                             "--no-resume", "--set", "bucket_lengths=[32, 64]",
+                                             "--seq-len", "64"]))
+    assert (cfg.steps, cfg.variant, cfg.lr, cfg.resume, cfg.bucket_lengths) == (7, "eagle3.1", 0.001, False, [32, 64])
+    with pytest.raises(ConfigError, match="variant"):
+        cli.load_config(parser.parse_args(["--set", "variant=eagle4"]))
+    for name in ("smollm2-eagle3.yaml", "smollm2-eagle31.yaml"):
+        path = Path(__file__).resolve().parents[2] / "train" / "configs" / name
+        cfg = cli.load_config(parser.parse_args(["--config", str(path)]))
+        assert cfg.variant == ("eagle3.1" if "31" in name else "eagle3")
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def test_training_improves_acceptance(setup, tmp_path):
+    """A few hundred steps: loss falls, and tau through the real engine beats the untrained drafter."""
+    from eagle_jax.convert.drafter_formats import load_drafter
+    from eagle_jax.train.trainer import Trainer, read_log
+
+    tparams, _, _ = setup
+    train, _ = greedy_examples(tparams, 96, seed=2)
+    _, held = greedy_examples(tparams, 6, seed=99)
+    vocab = make_vocab(train)
+    cfg = small_cfg(tmp_path, steps=300, batch_size=8, lr=2e-3, warmup_steps=20, save_every=300,
+                    eval_every=0, eval_at_start=True, eval_prompts=6, eval_max_new_tokens=40,
+                    eval_k=4, export=True, export_dtype="float32")
+    tr = Trainer(cfg, TCFG, tparams, train, vocab, eval_prompts=held)
+    s = tr.run()
+    recs = read_log(tr.log_path)
+    losses = [r["loss"] for r in recs if r["type"] == "train"]
+    assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:10]), (losses[:10], losses[-20:])
+    tau0, tau1 = s["start_eval"]["tau"], s["eval"]["tau"]
+    assert tau1 > tau0 + 0.5, (tau0, tau1)
+    assert s["eval"]["per_position"][0] > 0.5
+    # outputs
+    for name in ("training_curves.png", "model_card.md", "train_log.jsonl", "drafter/config.json",
+                 "drafter/model.safetensors", "drafter/model_card.md"):
+        assert (tmp_path / name).is_file(), name
+    card = (tmp_path / "model_card.md").read_text()
+    assert "tau" in card and "cores" in card
+    dcfg, dparams, dvocab = load_drafter(tmp_path / "drafter", TCFG)
+    assert dcfg.draft_vocab_size == 128 and not dcfg.fc_norm
+    np.testing.assert_array_equal(np.asarray(dvocab.target_ids), np.asarray(vocab.target_ids))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6),
+                 dparams, _params(tr))
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "child":
+    _child(sys.argv[2])

@@ -1,0 +1,161 @@
+"""Training-time test: masks, the unroll against plain drafter steps, loss index arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eagle_jax.config import DrafterConfig
+from eagle_jax.models import drafter
+from eagle_jax.train import ttt
+
+H, V, VD = 32, 64, 40
+
+
+def _dcfg(**kw):
+    base = dict(hidden_size=H, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8,
+                vocab_size=V, draft_vocab_size=VD, target_hidden_size=24, aux_layer_ids=(0, 1, 2))
+    base.update(kw)
+    return DrafterConfig(**base)
+
+
+def brute_force_mask(lengths, t, steps):
+    """Query (i, q) may see key (j, k) iff j == 0 and k <= q and k < n, or 1 <= j <= i and k == q."""
+    b = len(lengths)
+    m = np.zeros((b, steps * t, steps * t), bool)
+    for r, i, q, j, k in itertools.product(range(b), range(steps), range(t), range(steps), range(t)):
+        if j == 0:
+            ok = k <= q and k < lengths[r]
+        else:
+            ok = 1 <= j <= i and k == q
+        m[r, i * t + q, j * t + k] = ok
+    return m
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_mask_matches_brute_force(steps):
+    t = 6
+    lengths = np.array([6, 4, 0])
+    valid = jnp.arange(t)[None] < jnp.asarray(lengths)[:, None]
+    want = brute_force_mask(lengths, t, steps)
+    np.testing.assert_array_equal(np.asarray(ttt.dense_ttt_mask(valid, steps)), want)
+    for i in range(steps):
+        slot, own = ttt.step_masks(valid, i)
+        assert slot.shape == (3, t, (i + 1) * t) and own.shape == (3, t, t)
+        rows = want[:, i * t:(i + 1) * t]
+        np.testing.assert_array_equal(np.asarray(slot[:, :, :i * t]), rows[:, :, :i * t])
+        np.testing.assert_array_equal(np.asarray(own), rows[:, :, i * t:(i + 1) * t])
+        assert not np.asarray(slot[:, :, i * t:]).any()  # the block being written
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(fc_norm=True, norm_output=True)])
+def test_unroll_matches_plain_steps(variant):
+    """Step 0 = one plain causal drafter.step; step i at position t = a chain rooted at t."""
+    dcfg = _dcfg(**variant)
+    key = jax.random.PRNGKey(0)
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    params = drafter.init_params(dcfg, k1, scale=0.2)
+    embed = 0.5 * jax.random.normal(k2, (V, H))
+    b, t, steps = 2, 9, 3
+    aux = jax.random.normal(k3, (b, t, dcfg.fc_in_size))
+    ids = jax.random.randint(k4, (b, t), 0, V)
+    lengths = jnp.array([9, 7], jnp.int32)
+    got = ttt.unroll(params, dcfg, embed, aux, ids, lengths, steps)
+
+    # Step 0: a plain causal step over the same inputs (token t+1, position t).
+    hidden = drafter.project_features(params, dcfg, aux)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    tok0 = ttt.shift_left(ids, 1)
+    l0, fb0, _ = drafter.step(params, dcfg, tok0, hidden, pos, drafter.create_cache(dcfg, b, t), embed=embed)
+    for row in range(b):  # padding queries differ: TTT hides padding keys, a plain causal step not
+        n = int(lengths[row])
+        np.testing.assert_allclose(np.asarray(got[0][row, :n]), np.asarray(l0[row, :n]), rtol=1e-5, atol=1e-5)
+
+    # Steps >= 1: what chain drafting does at inference (spec/tree.py), rooted at drafter
+    # position r of row 0 (padding is irrelevant for row 0): the context cache holds the step-0
+    # entries 0..r; step i feeds token x_{r+1+i} at position r+i with the previous feedback and
+    # sees the context plus its own chain.
+    for r in (0, 3, 5):
+        cache = drafter.create_cache(dcfg, 1, t + steps)
+        _, _, cache = drafter.step(params, dcfg, tok0[:1, :r + 1], hidden[:1, :r + 1], pos[:1, :r + 1],
+                                   cache, embed=embed)
+        cache = cache.commit(jnp.array([r + 1]))
+        fb = fb0[:1, r:r + 1]
+        for i in range(1, steps):
+            tok = ids[:1, r + 1 + i:r + 2 + i]
+            logits, fb, cache = drafter.step(params, dcfg, tok, fb, jnp.array([[r + i]]), cache, embed=embed)
+            cache = cache.commit(jnp.array([1]))
+            np.testing.assert_allclose(np.asarray(got[i][0, r]), np.asarray(logits[0, 0]),
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_unroll_rejects_too_long_ttt():
+    dcfg = _dcfg()
+    params = drafter.init_params(dcfg, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="ttt length"):
+        ttt.unroll(params, dcfg, jnp.zeros((V, H)), jnp.zeros((1, 4, dcfg.fc_in_size)),
+                   jnp.zeros((1, 4), jnp.int32), jnp.array([4]), 3)
+
+
+def test_loss_index_arithmetic_by_hand():
+    """T = 6, L = 2, vocab 3. Row: tokens x0..x5, response = x3, x4, x5 (loss_mask[3:] = 1).
+
+    Step 0 at drafter position t predicts x_{t+2} against target logits z_{t+1}:
+      weighted t with loss_mask[t+2] = 1: t = 1, 2, 3 -> targets z2, z3, z4.
+    Step 1 at t predicts x_{t+3} against z_{t+2}: weighted t = 0, 1, 2 -> z2, z3, z4.
+    z4's argmax is marked outside the draft vocab, so (step 0, t=3) and (step 1, t=2) drop out.
+    """
+    t, vd = 6, 3
+    z = np.full((1, t, vd), -9.0, np.float32)
+    z[0, np.arange(t), np.arange(t) % vd] = 0.0  # z_p puts its mass on class p % 3
+    in_vocab = np.ones((1, t), bool)
+    in_vocab[0, 4] = False
+    loss_mask = np.array([[0, 0, 0, 1, 1, 1]], np.int32)
+    # draft logits: step 0 right at t = 1 (predicts class of z2 = 2), wrong at t = 2;
+    # step 1 right at t = 0 and t = 1; anything at unweighted positions.
+    d0 = np.zeros((1, t, vd), np.float32)
+    d0[0, 1, 2] = 5.0  # step 0, t = 1 -> z2 -> class 2: right
+    d0[0, 2, 1] = 5.0  # step 0, t = 2 -> z3 -> class 0: wrong
+    d0[0, 0] = [9.0, 0.0, 0.0]  # unweighted
+    d1 = np.zeros((1, t, vd), np.float32)
+    d1[0, 0, 2] = 5.0  # step 1, t = 0 -> z2 -> class 2: right
+    d1[0, 1, 0] = 5.0  # step 1, t = 1 -> z3 -> class 0: right
+    d1[0, 4] = [0.0, 0.0, 9.0]  # unweighted
+    loss, m = ttt.ttt_loss([jnp.asarray(d0), jnp.asarray(d1)], jnp.asarray(z), jnp.asarray(in_vocab),
+                           jnp.asarray(loss_mask), step_decay=0.8)
+    np.testing.assert_array_equal(np.asarray(m["count_i"]), [2, 2])
+    np.testing.assert_allclose(np.asarray(m["acc_i"]), [0.5, 1.0])
+
+    def ce(p_logits, d_logits):
+        p = np.exp(p_logits - p_logits.max())
+        p /= p.sum()
+        lq = d_logits - d_logits.max()
+        lq = lq - np.log(np.exp(lq).sum())
+        return -(p * lq).sum()
+
+    l0 = (ce(z[0, 2], d0[0, 1]) + ce(z[0, 3], d0[0, 2])) / 2
+    l1 = (ce(z[0, 2], d1[0, 0]) + ce(z[0, 3], d1[0, 1])) / 2
+    np.testing.assert_allclose(np.asarray(m["loss_i"]), [l0, l1], rtol=1e-5)
+    np.testing.assert_allclose(float(loss), l0 + 0.8 * l1, rtol=1e-5)
+
+
+def test_loss_ignores_padding_and_unmasked_rows():
+    t, vd = 8, 5
+    rng = np.random.default_rng(0)
+    z = jnp.asarray(rng.normal(size=(2, t, vd)), jnp.float32)
+    d = [jnp.asarray(rng.normal(size=(2, t, vd)), jnp.float32) for _ in range(3)]
+    lm = np.zeros((2, t), np.int32)
+    lm[0, 2:6] = 1  # row 0 length 6, right padding after; row 1 has no response tokens
+    _, m = ttt.ttt_loss(d, z, jnp.ones((2, t), bool), jnp.asarray(lm))
+    # step i weights t with 2 <= t + 2 + i <= 5, t >= 0: counts 4, 3, 2
+    np.testing.assert_array_equal(np.asarray(m["count_i"]), [4, 3, 2])
+    # Changing anything at unweighted places changes nothing.
+    d2 = [x.at[1].set(0.0).at[0, 5:].set(3.0) for x in d]
+    z2 = z.at[1].set(1.0).at[0, 7].set(2.0)
+    l1, _ = ttt.ttt_loss(d, z, jnp.ones((2, t), bool), jnp.asarray(lm))
+    l2, _ = ttt.ttt_loss(d2, z2, jnp.ones((2, t), bool), jnp.asarray(lm))
+    np.testing.assert_allclose(float(l1), float(l2), rtol=1e-6)

@@ -1,0 +1,726 @@
+"""Drafter training loop: optimiser, jitted TTT step, checkpoints, logs, evaluation, export.
+
+    cfg = TrainConfig(output_dir="runs/x", steps=2000, ...)
+    trainer = Trainer(cfg, target_cfg, target_params, train_examples, vocab,
+                      eval_prompts=[[...token ids...], ...], tokenizer=tok)
+    summary = trainer.run()
+
+Drafter initialisation (`init_drafter_params`): every weight random
+(``drafter.init_params``, normal(0, 0.02)) with all RMSNorm gains set to 1,
+except
+
+* ``lm_head`` = the target's output projection restricted to the draft
+  vocabulary, ``lm_head_weight(target)[:, target_ids]`` ([H, Vd]);
+* ``norm`` = the target's final norm ``final_norm``.
+
+Both need ``hidden_size == target hidden_size`` (true for the usual EAGLE-3
+drafters, which copy the target's layer shape); otherwise they stay random.
+The embedding is the target's ``embed`` [V, H], passed to every step as a
+frozen input: it is not part of the trained parameters, the optimiser state,
+the checkpoints or the export (``has_embedding`` stays False).
+
+Optimiser: ``clip_by_global_norm(grad_clip)`` then AdamW (betas 0.9/0.95 by
+default) with linear warmup to ``lr`` over ``warmup_steps`` and cosine
+decay to ``lr * min_lr_ratio`` at ``steps``.
+
+Precision: ``dtype`` is the compute dtype of the target pass and of the
+drafter (float32 or bfloat16); ``param_dtype`` is the dtype of the trained
+parameters and of Adam's moments (default float32: master weights, cast to
+the compute dtype inside the step; bfloat16 parameters lose updates smaller
+than 2**-8 of a weight, i.e. most updates at lr 1e-4).
+
+Checkpoints (orbax ``CheckpointManager`` under ``output_dir/checkpoints``,
+synchronous, every ``save_every`` steps and at the end, ``max_to_keep``):
+item ``state`` = {step, params, opt_state, key} and item ``meta`` (JSON) =
+{step, cursor (index of the next batch), elapsed_s, config}. A step
+directory appears by rename only when complete, so a process killed at any
+moment resumes from the last complete checkpoint; the data order is a pure
+function of (seed, cursor), so a resumed run sees exactly the batches the
+uninterrupted one would have.
+
+Outputs in ``output_dir``: ``train_log.jsonl`` (one JSON object per logged
+step and per evaluation), ``training_curves.png``, ``drafter/`` (speculators
+format, ``save_drafter``) and ``model_card.md`` (also copied into ``drafter/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
+from eagle_jax.models import drafter, target
+from eagle_jax.train import data as data_lib
+from eagle_jax.train import features as features_lib
+from eagle_jax.train import ttt
+
+__all__ = [
+    "TrainConfig",
+    "VARIANTS",
+    "build_drafter_config",
+    "init_drafter_params",
+    "make_optimizer",
+    "make_train_step",
+    "iter_batches",
+    "evaluate_acceptance",
+    "Trainer",
+    "machine_info",
+]
+
+VARIANTS = {"eagle3": dict(fc_norm=False, norm_output=False),
+            "eagle3.1": dict(fc_norm=True, norm_output=True)}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a training run (the keys a YAML/JSON config may hold)."""
+
+    # target and data
+    target: str = "smollm2-135m-instruct"
+    data: str = "sharegpt"  # "sharegpt" or a JSONL of {"id", "messages"} (or ShareGPT records)
+    max_conversations: int | None = 2000
+    heldout_fraction: float = 0.02
+    max_length: int | None = None  # tokens kept per conversation (default seq_len)
+    data_cache_dir: str | None = None  # tokenized-data cache (default output_dir/data)
+    # drafter
+    variant: str = "eagle3"  # eagle3 | eagle3.1 (= fc_norm + norm_output)
+    draft_vocab_size: int = 8192
+    aux_layer_ids: list[int] | None = None  # default: target.default_aux_layers()
+    hidden_size: int | None = None  # drafter dims; default: the target's layer dims
+    intermediate_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    # optimisation
+    steps: int = 1000
+    batch_size: int = 4
+    seq_len: int = 512
+    bucket_lengths: list[int] | None = None  # pad each batch only to the smallest bucket that fits
+    ttt_length: int = 3
+    step_decay: float = 0.8
+    lr: float = 3e-4
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 0.5
+    dtype: str = "float32"  # compute dtype (target pass and drafter)
+    param_dtype: str = "float32"  # trained params and Adam moments
+    seed: int = 0
+    argmax_mode: str = "chunked"  # in-draft-vocab test of the target argmax: chunked | full | skip
+    feature_cache: bool = False  # keep target features on disk for later epochs
+    feature_cache_dir: str | None = None
+    # bookkeeping
+    output_dir: str = "runs/drafter"
+    resume: bool = True
+    save_every: int = 200
+    max_to_keep: int = 3
+    log_every: int = 1
+    progress: bool = True
+    # evaluation through the real engine (greedy chain)
+    eval_every: int = 0  # 0: only at the start and the end
+    eval_at_start: bool = True
+    eval_prompts: int = 4
+    eval_max_new_tokens: int = 48
+    eval_k: int = 5
+    eval_max_prompt_tokens: int = 192
+    # export
+    export: bool = True
+    export_format: str = "speculators"
+    export_dtype: str | None = "bfloat16"  # None keeps param_dtype
+    impl: str = "auto"
+
+    @classmethod
+    def fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "config") -> "TrainConfig":
+        known = set(cls.fields())
+        for key in d:
+            if key not in known:
+                import difflib
+
+                near = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+        return cls(**dict(d)).validate()
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes).validate()
+
+    def validate(self) -> "TrainConfig":
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"variant must be one of {sorted(VARIANTS)}, got {self.variant!r}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ConfigError(f"{name} must be float32 or bfloat16, got {getattr(self, name)!r}")
+        if self.export_dtype not in (None, "float32", "bfloat16"):
+            raise ConfigError(f"export_dtype must be float32, bfloat16 or null, got {self.export_dtype!r}")
+        for name in ("steps", "batch_size", "seq_len", "ttt_length", "draft_vocab_size",
+                     "save_every", "max_to_keep", "log_every", "eval_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.ttt_length > self.seq_len - 2:
+            raise ConfigError(f"ttt_length {self.ttt_length} needs seq_len >= ttt_length + 2")
+        if self.argmax_mode not in ("chunked", "full", "skip"):
+            raise ConfigError(f"argmax_mode must be chunked, full or skip, got {self.argmax_mode!r}")
+        if self.bucket_lengths:
+            self.bucket_lengths = sorted(int(b) for b in self.bucket_lengths)
+            if self.bucket_lengths[-1] > self.seq_len or self.bucket_lengths[0] < self.ttt_length + 2:
+                raise ConfigError("bucket_lengths must lie in [ttt_length + 2, seq_len]")
+        if self.export_format not in ("speculators", "native"):
+            raise ConfigError(f"export_format must be speculators or native, got {self.export_format!r}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if self.aux_layer_ids is not None:
+            self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- model setup
+
+def build_drafter_config(tcfg: TargetConfig, cfg: TrainConfig) -> DrafterConfig:
+    """The drafter for `tcfg`: the target's layer shape unless overridden, its RoPE and eps."""
+    aux = tuple(cfg.aux_layer_ids) if cfg.aux_layer_ids else tcfg.default_aux_layers()
+    return DrafterConfig(
+        hidden_size=cfg.hidden_size or tcfg.hidden_size,
+        intermediate_size=cfg.intermediate_size or tcfg.intermediate_size,
+        num_heads=cfg.num_heads or tcfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads or tcfg.num_kv_heads,
+        head_dim=cfg.head_dim or tcfg.head_dim,
+        vocab_size=tcfg.vocab_size,
+        draft_vocab_size=cfg.draft_vocab_size,
+        target_hidden_size=tcfg.hidden_size,
+        aux_layer_ids=tuple(sorted(aux)),
+        rms_norm_eps=tcfg.rms_norm_eps,
+        rope=tcfg.rope,
+        max_position_embeddings=tcfg.max_position_embeddings,
+        verifier_name_or_path=tcfg.name_or_path or cfg.target,
+        verifier_architecture=tcfg.architecture,
+        speculative_tokens=cfg.eval_k,
+        **VARIANTS[cfg.variant],
+    )
+
+
+def init_drafter_params(dcfg: DrafterConfig, tcfg: TargetConfig, tparams, vocab: drafter.DraftVocab,
+                        key, dtype=jnp.float32) -> dict:
+    """Random drafter weights, norms at 1, lm_head/norm copied from the target (module docstring)."""
+    params = drafter.init_params(dcfg, key, dtype=jnp.float32)
+    ones = lambda x: jnp.ones_like(x)
+    for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        params["layer"][name] = ones(params["layer"][name])
+    for name in ("norm", "fc_norm", "input_norm"):
+        if name in params:
+            params[name] = ones(params[name])
+    if dcfg.hidden_size == tcfg.hidden_size:
+        w = target.lm_head_weight(tparams, tcfg)
+        params["lm_head"] = jnp.take(w, vocab.target_ids, axis=1).astype(jnp.float32)
+        # a copy: the train step donates the params, which must not alias the target's
+        params["norm"] = jnp.array(tparams["final_norm"], jnp.float32, copy=True)
+    return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
+def make_schedule(cfg: TrainConfig):
+    warm = max(0, min(cfg.warmup_steps, cfg.steps - 1))
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.lr, warmup_steps=warm,
+        decay_steps=max(cfg.steps, warm + 1), end_value=cfg.lr * cfg.min_lr_ratio)
+
+
+def make_optimizer(cfg: TrainConfig):
+    schedule = make_schedule(cfg)
+    tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                     optax.adamw(schedule, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay))
+    return tx, schedule
+
+
+def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: float = 0.8,
+                    compute_dtype=jnp.float32, impl: str = "auto"):
+    """A jitted ``train_step(state, embed, batch) -> (state, metrics)`` (state donated).
+
+    batch: input_ids, loss_mask, lengths, aux [B,T,A*Ht], target_logits
+    [B,T,Vd] float32, in_vocab [B,T] bool.
+    """
+
+    def loss_fn(params, embed, batch):
+        p = jax.tree.map(lambda x: x.astype(compute_dtype), params)
+        logits = ttt.unroll(p, dcfg, embed.astype(compute_dtype), batch["aux"].astype(compute_dtype),
+                            batch["input_ids"], batch["lengths"], ttt_length, impl=impl)
+        return ttt.ttt_loss(logits, batch["target_logits"], batch["in_vocab"], batch["loss_mask"],
+                            step_decay=step_decay)
+
+    @partial(jax.jit, donate_argnums=(0,))
+    def train_step(state, embed, batch):
+        (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], embed, batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        m = dict(m, loss=loss, grad_norm=optax.global_norm(grads))
+        return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), m
+
+    return train_step
+
+
+# ----------------------------------------------------------------------------- data
+
+def iter_batches(examples: Sequence[Mapping], batch_size: int, seq_len: int, *, seed: int = 0,
+                 start: int = 0, bucket_lengths: Sequence[int] | None = None,
+                 pad_id: int = 0) -> Iterator[dict]:
+    """Endless batches in the exact order of ``data.batches(..., epochs=None)``
+    (same ``batch_plan`` and ``collate``), plus ``example_indices`` [B] (-1 for
+    empty rows) for the feature cache. ``start`` is the global batch cursor."""
+    lengths = np.array([min(len(ex["input_ids"]), seq_len) for ex in examples], np.int64)
+    per_epoch = data_lib.num_batches(len(examples), batch_size, True)
+    if per_epoch == 0:
+        raise ValueError(f"{len(examples)} training examples cannot fill one batch of {batch_size}")
+    buckets = sorted(int(b) for b in bucket_lengths) if bucket_lengths else []
+    epoch, j0 = divmod(start, per_epoch)
+    while True:
+        plan = data_lib.batch_plan(lengths, batch_size, seed, epoch)
+        for j in range(j0, per_epoch):
+            idx = plan[j]
+            width = seq_len
+            if buckets:
+                longest = int(lengths[idx].max()) if len(idx) else 0
+                width = next((b for b in buckets if b >= longest), seq_len)
+            b = data_lib.collate([examples[k] for k in idx], batch_size, width, pad_id=pad_id)
+            b["example_indices"] = np.concatenate([idx, -np.ones(batch_size - len(idx), np.int64)])
+            b["epoch"] = epoch
+            b["index"] = epoch * per_epoch + j
+            yield b
+        epoch += 1
+        j0 = 0
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterConfig, dparams,
+                        vocab, prompts: Sequence[Sequence[int]], *, k: int = 5,
+                        max_new_tokens: int = 48) -> dict:
+    """Greedy chain drafting with k tokens through `eagle_jax.generate.Generator`."""
+    from eagle_jax.config import SpecConfig
+    from eagle_jax.generate import Generator
+
+    dtype = tparams["embed"].dtype
+    dp = jax.tree.map(lambda x: jnp.asarray(x).astype(dtype), dparams)
+    gen = Generator(tcfg, tparams, tokenizer, drafter=(dcfg, dp, vocab),
+                    spec=SpecConfig("chain", num_speculative_tokens=k))
+    t0 = time.perf_counter()
+    res = gen.generate([list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens)
+    wall = time.perf_counter() - t0
+    s = res.stats
+    return {"tau": s.get("acceptance_length"), "per_position": s.get("per_position_acceptance"),
+            "draft_acceptance_rate": s.get("draft_acceptance_rate"),
+            "verify_steps": s.get("num_verify_steps"), "generated": res.num_generated,
+            "wall_s": wall, "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def machine_info() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    return {"cpu": cpu, "cores": cores, "platform": platform.platform(),
+            "python": sys.version.split()[0], "jax": jax.__version__,
+            "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+
+
+def _to_host(tree):
+    return jax.tree.map(lambda x: np.asarray(x), tree)
+
+
+def read_log(path: str | os.PathLike) -> list[dict]:
+    out = []
+    p = Path(path)
+    if not p.is_file():
+        return out
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill
+                pass
+    return out
+
+
+def plot_curves(log_path, png_path) -> None:
+    """Loss, per-step accuracy and tau against the step, from train_log.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = read_log(log_path)
+    train = {r["step"]: r for r in recs if r.get("type") == "train"}  # last record per step wins
+    evals = {r["step"]: r for r in recs if r.get("type") == "eval"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    steps = sorted(train)
+    if steps:
+        loss = np.array([train[s]["loss"] for s in steps])
+        axes[0].plot(steps, loss, lw=0.6, alpha=0.4, label="loss")
+        w = max(1, len(steps) // 50)
+        if w > 1:
+            sm = np.convolve(loss, np.ones(w) / w, mode="valid")
+            axes[0].plot(steps[w - 1:], sm, label=f"loss (mean of {w})")
+        acc = np.array([train[s]["acc_i"] for s in steps])
+        for i in range(acc.shape[1]):
+            a = acc[:, i]
+            if w > 1:
+                a = np.convolve(a, np.ones(w) / w, mode="valid")
+            axes[1].plot(steps[len(steps) - len(a):], a, label=f"step {i}")
+    axes[0].set_title("TTT loss")
+    axes[0].set_xlabel("step")
+    axes[1].set_title("top-1 accuracy per TTT step")
+    axes[1].set_xlabel("step")
+    if steps:
+        axes[0].legend()
+        axes[1].legend()
+    es = sorted(s for s in evals if evals[s].get("tau") is not None)
+    if es:
+        axes[2].plot(es, [evals[s]["tau"] for s in es], "o-", label="tau (greedy chain)")
+        axes[2].legend()
+    axes[2].set_title("acceptance length")
+    axes[2].set_xlabel("step")
+    fig.tight_layout()
+    tmp = str(png_path) + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+
+
+# ----------------------------------------------------------------------------- trainer
+
+class Trainer:
+    """One training run (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, target_cfg: TargetConfig, target_params,
+                 train_examples: Sequence[Mapping], vocab: drafter.DraftVocab, *,
+                 eval_prompts: Sequence[Sequence[int]] = (), tokenizer=None,
+                 data_info: Mapping | None = None, pad_id: int = 0):
+        cfg.validate()
+        self.cfg = cfg
+        self.tcfg = target_cfg
+        self.tparams = target_params
+        self.examples = train_examples
+        self.vocab = vocab
+        self.eval_prompts = [list(p) for p in eval_prompts][: cfg.eval_prompts]
+        self.tokenizer = tokenizer
+        self.data_info = dict(data_info or {})
+        self.pad_id = pad_id
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.out / "train_log.jsonl"
+        self.dcfg = build_drafter_config(target_cfg, cfg)
+        self.compute_dtype = _DTYPES[cfg.dtype]
+        self.param_dtype = _DTYPES[cfg.param_dtype]
+        self.tx, self.schedule = make_optimizer(cfg)
+        self.train_step = make_train_step(self.dcfg, self.tx, ttt_length=cfg.ttt_length,
+                                          step_decay=cfg.step_decay, compute_dtype=self.compute_dtype,
+                                          impl=cfg.impl)
+        self.feature_fn = features_lib.make_feature_fn(
+            target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=cfg.impl,
+            return_normed=cfg.feature_cache)
+        self.logits_fn = jax.jit(partial(features_lib.draft_vocab_logits, tcfg=target_cfg))
+        self.target_ids = jnp.asarray(vocab.target_ids, jnp.int32)
+        self.t2d = jnp.asarray(vocab.t2d, bool)
+        self.feature_cache = None
+        if cfg.feature_cache:
+            meta = {"target": target_cfg.name_or_path or cfg.target, "aux": list(self.dcfg.aux_layer_ids),
+                    "dtype": cfg.dtype, "vocab": int(np.asarray(vocab.target_ids).sum()),
+                    "n": len(train_examples), "seq_len": cfg.seq_len, "argmax": cfg.argmax_mode}
+            self.feature_cache = features_lib.FeatureCache(
+                cfg.feature_cache_dir or (self.out / "features"), meta)
+        self._mngr = None
+
+    # -------------------------------------------------------------- state and checkpoints
+    def init_state(self) -> dict:
+        key = jax.random.PRNGKey(self.cfg.seed)
+        key, sub = jax.random.split(key)
+        params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub,
+                                     dtype=self.param_dtype)
+        return {"step": jnp.zeros((), jnp.int32), "params": params,
+                "opt_state": self.tx.init(params), "key": key}
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def manager(self):
+        import orbax.checkpoint as ocp
+
+        if self._mngr is None:
+            self._mngr = ocp.CheckpointManager(
+                self.ckpt_dir.absolute(),
+                options=ocp.CheckpointManagerOptions(max_to_keep=self.cfg.max_to_keep, create=True,
+                                                     enable_async_checkpointing=False,
+                                                     cleanup_tmp_directories=True),
+                item_names=("state", "meta"))
+        return self._mngr
+
+    def save(self, state, meta: dict) -> None:
+        import orbax.checkpoint as ocp
+
+        step = int(meta["step"])
+        mngr = self.manager()
+        if step in mngr.all_steps():
+            return
+        mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                meta=ocp.args.JsonSave(meta)), force=True)
+        mngr.wait_until_finished()
+
+    def restore(self, template) -> tuple[dict, dict] | None:
+        import orbax.checkpoint as ocp
+
+        mngr = self.manager()
+        step = mngr.latest_step()
+        if step is None:
+            return None
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                         meta=ocp.args.JsonRestore()))
+        return got["state"], dict(got["meta"])
+
+    # -------------------------------------------------------------- logging
+    def _log(self, rec: dict) -> None:
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    # -------------------------------------------------------------- features
+    def batch_features(self, batch) -> dict:
+        tokens = jnp.asarray(batch["input_ids"])
+        idx = batch["example_indices"]
+        fc = self.feature_cache
+        if fc is not None and fc.has_all([i for i in idx if i >= 0]) and fc.num_shards:
+            aux, normed, in_vocab = fc.collate(idx, tokens.shape[1], self.dcfg.fc_in_size)
+            aux = jnp.asarray(aux, self.compute_dtype)
+            normed = jnp.asarray(normed, self.compute_dtype)
+            logits = self.logits_fn(self.tparams, normed=normed, target_ids=self.target_ids)
+            feats = features_lib.Features(aux, logits, jnp.asarray(in_vocab))
+        elif fc is not None:
+            feats, normed = self.feature_fn(self.tparams, tokens, self.target_ids, self.t2d)
+            aux_h, normed_h, iv_h = np.asarray(feats.aux), np.asarray(normed), np.asarray(feats.in_vocab)
+            for r, k in enumerate(idx):
+                if k >= 0:
+                    n = int(batch["lengths"][r])
+                    fc.add(int(k), aux_h[r, :n], normed_h[r, :n], iv_h[r, :n])
+        else:
+            feats = self.feature_fn(self.tparams, tokens, self.target_ids, self.t2d)
+        return {"input_ids": tokens, "loss_mask": jnp.asarray(batch["loss_mask"]),
+                "lengths": jnp.asarray(batch["lengths"]), "aux": feats.aux,
+                "target_logits": feats.logits, "in_vocab": feats.in_vocab}
+
+    # -------------------------------------------------------------- evaluation
+    def evaluate(self, params, step: int) -> dict | None:
+        if not self.eval_prompts:
+            return None
+        rec = evaluate_acceptance(self.tcfg, self.tparams, self.tokenizer, self.dcfg, params,
+                                  self.vocab, self.eval_prompts, k=self.cfg.eval_k,
+                                  max_new_tokens=self.cfg.eval_max_new_tokens)
+        rec = {"type": "eval", "step": step, **rec}
+        self._log(rec)
+        try:
+            plot_curves(self.log_path, self.out / "training_curves.png")
+        except Exception as e:  # a plot must never stop training
+            print(f"[train] plot failed: {e}", file=sys.stderr)
+        return rec
+
+    # -------------------------------------------------------------- main loop
+    def run(self, *, stop_after: int | None = None) -> dict:
+        """Train to ``cfg.steps`` (or stop after ``stop_after`` more steps, for tests)."""
+        cfg = self.cfg
+        state = self.init_state()
+        start, elapsed_before = 0, 0.0
+        restored = self.restore(state) if cfg.resume else None
+        if not cfg.resume and self.ckpt_dir.exists() and self.manager().latest_step() is not None:
+            raise FileExistsError(f"{self.ckpt_dir} holds checkpoints and resume is off: "
+                                  "use another output_dir or --resume")
+        if restored is not None:
+            state, meta = restored
+            start = int(meta["cursor"])
+            elapsed_before = float(meta.get("elapsed_s", 0.0))
+            print(f"[train] resumed from step {int(meta['step'])} (cursor {start})", file=sys.stderr)
+        embed = jnp.asarray(self.tparams["embed"])
+        step = int(state["step"])
+        end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
+        evals = []
+        if cfg.eval_at_start and step == 0 and end > 0:
+            evals.append(self.evaluate(state["params"], 0))
+        batches = iter_batches(self.examples, cfg.batch_size, cfg.seq_len, seed=cfg.seed, start=start,
+                               bucket_lengths=cfg.bucket_lengths, pad_id=self.pad_id)
+        bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, desc="train", file=sys.stderr)
+        t_run = time.perf_counter()
+        tokens_seen = real_seen = 0
+        train_s = 0.0  # step time after the first (compiling) step
+        compile_s = None
+        last = {}
+        cursor = start
+        while step < end:
+            batch = next(batches)
+            t0 = time.perf_counter()
+            feats = self.batch_features(batch)
+            state, m = self.train_step(state, embed, feats)
+            m = jax.device_get(m)
+            dt = time.perf_counter() - t0
+            cursor = batch["index"] + 1
+            step += 1
+            ntok = int(np.prod(batch["input_ids"].shape))
+            nreal = int(batch["lengths"].sum())
+            if compile_s is None:
+                compile_s = dt
+            else:
+                tokens_seen += ntok
+                real_seen += nreal
+                train_s += dt
+            spent = train_s
+            tok_s = tokens_seen / spent if tokens_seen and spent > 0 else float("nan")
+            last = {"type": "train", "step": step, "loss": float(m["loss"]),
+                    "loss_i": [float(x) for x in m["loss_i"]], "acc_i": [float(x) for x in m["acc_i"]],
+                    "count_i": [int(x) for x in m["count_i"]], "grad_norm": float(m["grad_norm"]),
+                    "lr": float(self.schedule(step - 1)), "step_s": dt, "tokens": ntok,
+                    "real_tokens": nreal, "tok_s": tok_s,
+                    "real_tok_s": real_seen / spent if real_seen and spent > 0 else float("nan"),
+                    "epoch": int(batch["epoch"]),
+                    "elapsed_s": elapsed_before + time.perf_counter() - t_run}
+            if step % cfg.log_every == 0 or step == end:
+                self._log(last)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{last['loss']:.3f}",
+                                acc="/".join(f"{a:.2f}" for a in last["acc_i"]),
+                                tok_s=f"{tok_s:.0f}")
+            meta = {"step": step, "cursor": cursor, "elapsed_s": last["elapsed_s"],
+                    "config": cfg.to_dict()}
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                self.save(state, meta)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+                evals.append(self.evaluate(state["params"], step))
+        if bar is not None:
+            bar.close()
+        if self.feature_cache is not None:
+            self.feature_cache.flush()
+        summary = {"step": step, "last": last, "compile_s": compile_s,
+                   "wall_s": elapsed_before + time.perf_counter() - t_run}
+        if step >= cfg.steps:
+            final_eval = self.evaluate(state["params"], step) if self.eval_prompts else None
+            summary["eval"] = final_eval
+            summary["start_eval"] = next((e for e in evals if e and e["step"] == 0), None)
+            try:
+                plot_curves(self.log_path, self.out / "training_curves.png")
+            except Exception as e:
+                print(f"[train] plot failed: {e}", file=sys.stderr)
+            if cfg.export:
+                summary["export"] = str(self.export(state["params"]))
+            self.write_model_card(summary)
+        if self.feature_cache is not None:
+            summary["feature_cache_bytes"] = self.feature_cache.size_bytes()
+        self.state = state
+        return summary
+
+    # -------------------------------------------------------------- export
+    def export(self, params) -> Path:
+        from eagle_jax.convert.drafter_formats import save_drafter
+
+        dt = _DTYPES[self.cfg.export_dtype] if self.cfg.export_dtype else None
+        return save_drafter(self.out / "drafter", self.dcfg, _to_host(params), self.vocab,
+                            format=self.cfg.export_format, dtype=dt, overwrite=True)
+
+    def write_model_card(self, summary: dict) -> None:
+        cfg, d = self.cfg, self.dcfg
+        mi = machine_info()
+        ev, ev0 = summary.get("eval"), summary.get("start_eval")
+        last = summary.get("last") or {}
+
+        def fmt_eval(e):
+            if not e or e.get("tau") is None:
+                return "not measured"
+            pp = ", ".join(f"{x:.3f}" for x in e["per_position"])
+            return (f"tau {e['tau']:.3f} (greedy chain k={e['k']}, {e['prompts']} held-out prompts, "
+                    f"{e['max_new_tokens']} new tokens each; per-position acceptance [{pp}])")
+
+        lines = [
+            f"# EAGLE drafter for {d.verifier_name_or_path or cfg.target}",
+            "",
+            f"Variant **{cfg.variant}** ({'fc_norm + norm_output' if d.is_eagle31 else 'EAGLE-3: fc, pre-norm feedback'}), "
+            f"trained with eagle-jax's training-time test ({cfg.ttt_length} steps, step weights "
+            f"{cfg.step_decay}**i).",
+            "",
+            "## Measured acceptance",
+            f"- trained: {fmt_eval(ev)}",
+            f"- untrained (step 0): {fmt_eval(ev0)}",
+            "",
+            "## Data",
+            f"- source: {cfg.data}; max conversations {cfg.max_conversations}; held-out fraction "
+            f"{cfg.heldout_fraction}",
+        ]
+        for k, v in self.data_info.items():
+            lines.append(f"- {k}: {v}")
+        lines += [
+            "",
+            "## Training",
+            f"- steps: {summary['step']} x batch {cfg.batch_size} x seq_len {cfg.seq_len} "
+            f"(buckets {cfg.bucket_lengths or 'none'})",
+            f"- final loss {last.get('loss', float('nan')):.4f}; per-step top-1 accuracy "
+            f"{[round(a, 3) for a in last.get('acc_i', [])]} (last batch)",
+            f"- optimiser: AdamW lr {cfg.lr} (warmup {cfg.warmup_steps}, cosine to "
+            f"{cfg.lr * cfg.min_lr_ratio:g}), betas ({cfg.beta1}, {cfg.beta2}), weight decay "
+            f"{cfg.weight_decay}, grad clip {cfg.grad_clip}",
+            f"- compute dtype {cfg.dtype}, parameter dtype {cfg.param_dtype}, seed {cfg.seed}",
+            f"- wall time: {summary['wall_s'] / 3600:.2f} h ({summary['wall_s']:.0f} s); "
+            f"first step incl. compile {summary.get('compile_s') or float('nan'):.1f} s; "
+            f"throughput {last.get('tok_s', float('nan')):.0f} tokens/s (padded)",
+            f"- machine: {mi['cpu']}, {mi['cores']} cores, {mi['backend']} backend, jax {mi['jax']}",
+            "",
+            "## Drafter",
+            f"- hidden {d.hidden_size}, heads {d.num_heads}/{d.num_kv_heads} (head_dim {d.head_dim}), "
+            f"FFN {d.intermediate_size}, draft vocab {d.draft_vocab_size} of {d.vocab_size}",
+            f"- aux layers (input of target layer i) {list(d.aux_layer_ids)}",
+            f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; "
+            f"embedding shared from the target (not exported)",
+            f"- export: {cfg.export_format} format, {cfg.export_dtype or cfg.param_dtype}",
+            "",
+            "## Full config",
+            "```json",
+            json.dumps(cfg.to_dict(), indent=2),
+            "```",
+            "",
+        ]
+        text = "\n".join(lines)
+        (self.out / "model_card.md").write_text(text)
+        if (self.out / "drafter").is_dir():
+            (self.out / "drafter" / "model_card.md").write_text(text)
