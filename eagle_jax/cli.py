@@ -65,8 +65,8 @@ def _generate(args) -> int:
     spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
                       tree_top_k=args.tree_top_k, tree_depth=args.tree_depth,
                       tree_total_tokens=args.tree_total_tokens)
-    gen = Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    gen = Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, chat=args.chat, stop=args.stop)
     if args.stream:

@@ -108,6 +108,8 @@ class Generator:
         out = []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
+                if not p:  # the chat template would wrap an empty user turn: reject it
+                    raise PromptError(f"prompt {i} is empty")
                 if self.tokenizer is None:
                     raise PromptError("this target has no tokenizer: pass token ids")
                 ids = self.tokenizer.apply_chat(p) if chat else self.tokenizer.encode(p)

@@ -15,6 +15,11 @@ from eagle_jax.train import ttt
 
 H, V, VD = 32, 64, 40
 
+# Jitted once per config: eager mode would compile every primitive separately (slow).
+unroll = jax.jit(ttt.unroll, static_argnums=(1, 6))
+unroll_reference = jax.jit(ttt.unroll_reference, static_argnums=(1, 6))
+step = jax.jit(drafter.step, static_argnums=(1,))
+
 
 def _dcfg(**kw):
     base = dict(hidden_size=H, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -64,33 +69,63 @@ def test_unroll_matches_plain_steps(variant):
     aux = jax.random.normal(k3, (b, t, dcfg.fc_in_size))
     ids = jax.random.randint(k4, (b, t), 0, V)
     lengths = jnp.array([9, 7], jnp.int32)
-    got = ttt.unroll(params, dcfg, embed, aux, ids, lengths, steps)
+    got = unroll(params, dcfg, embed, aux, ids, lengths, steps)
 
     # Step 0: a plain causal step over the same inputs (token t+1, position t).
     hidden = drafter.project_features(params, dcfg, aux)
     pos = jnp.broadcast_to(jnp.arange(t), (b, t))
     tok0 = ttt.shift_left(ids, 1)
-    l0, fb0, _ = drafter.step(params, dcfg, tok0, hidden, pos, drafter.create_cache(dcfg, b, t), embed=embed)
+    l0, fb0, _ = step(params, dcfg, tok0, hidden, pos, drafter.create_cache(dcfg, b, t), embed=embed)
     for row in range(b):  # padding queries differ: TTT hides padding keys, a plain causal step not
         n = int(lengths[row])
         np.testing.assert_allclose(np.asarray(got[0][row, :n]), np.asarray(l0[row, :n]), rtol=1e-5, atol=1e-5)
 
     # Steps >= 1: what chain drafting does at inference (spec/tree.py), rooted at drafter
     # position r of row 0 (padding is irrelevant for row 0): the context cache holds the step-0
-    # entries 0..r; step i feeds token x_{r+1+i} at position r+i with the previous feedback and
+    # entries 0..r (written for all T positions, only r+1 committed: the rest is invisible and
+    # overwritten); step i feeds token x_{r+1+i} at position r+i with the previous feedback and
     # sees the context plus its own chain.
+    _, _, full_cache = step(params, dcfg, tok0[:1], hidden[:1], pos[:1], drafter.create_cache(dcfg, 1, t + steps),
+                            embed=embed)
     for r in (0, 3, 5):
-        cache = drafter.create_cache(dcfg, 1, t + steps)
-        _, _, cache = drafter.step(params, dcfg, tok0[:1, :r + 1], hidden[:1, :r + 1], pos[:1, :r + 1],
-                                   cache, embed=embed)
-        cache = cache.commit(jnp.array([r + 1]))
+        cache = full_cache.replace(lengths=jnp.array([r + 1], jnp.int32))
         fb = fb0[:1, r:r + 1]
         for i in range(1, steps):
             tok = ids[:1, r + 1 + i:r + 2 + i]
-            logits, fb, cache = drafter.step(params, dcfg, tok, fb, jnp.array([[r + i]]), cache, embed=embed)
+            logits, fb, cache = step(params, dcfg, tok, fb, jnp.array([[r + i]]), cache, embed=embed)
             cache = cache.commit(jnp.array([1]))
             np.testing.assert_allclose(np.asarray(got[i][0, r]), np.asarray(logits[0, 0]),
                                        rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(fc_norm=True, norm_output=True),
+                                     dict(norm_before_residual=True)])
+def test_fast_unroll_equals_reference(variant):
+    """The training path (diagonal attention) = drafter.step under the dense TTT masks, grads too."""
+    dcfg = _dcfg(**variant)
+    k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(1), 4)
+    params = drafter.init_params(dcfg, k1, scale=0.2)
+    embed = 0.5 * jax.random.normal(k2, (V, H))
+    b, t, steps = 3, 10, 4
+    aux = jax.random.normal(k3, (b, t, dcfg.fc_in_size))
+    ids = jax.random.randint(k4, (b, t), 0, V)
+    lengths = jnp.array([10, 6, 0], jnp.int32)  # full, padded, empty row
+    fast = unroll(params, dcfg, embed, aux, ids, lengths, steps)
+    ref = unroll_reference(params, dcfg, embed, aux, ids, lengths, steps)
+    for a, r in zip(fast, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-5, atol=1e-5)
+    if variant:  # gradients once (compiling them is what costs time here)
+        return
+
+    def total(fn, p):
+        outs = fn(p, dcfg, embed, aux, ids, lengths, steps)
+        return sum(jnp.sum(jnp.sin(o)) for o in outs)
+
+    g_fast = jax.jit(jax.grad(lambda p: total(ttt.unroll, p)))(params)
+    g_ref = jax.jit(jax.grad(lambda p: total(ttt.unroll_reference, p)))(params)
+    jax.tree.map(lambda a, r: np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-4, atol=1e-4),
+                 g_fast, g_ref)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g_fast))
 
 
 def test_unroll_rejects_too_long_ttt():
@@ -125,7 +160,7 @@ def test_loss_index_arithmetic_by_hand():
     d1[0, 0, 2] = 5.0  # step 1, t = 0 -> z2 -> class 2: right
     d1[0, 1, 0] = 5.0  # step 1, t = 1 -> z3 -> class 0: right
     d1[0, 4] = [0.0, 0.0, 9.0]  # unweighted
-    loss, m = ttt.ttt_loss([jnp.asarray(d0), jnp.asarray(d1)], jnp.asarray(z), jnp.asarray(in_vocab),
+    loss, m = jax.jit(ttt.ttt_loss)([jnp.asarray(d0), jnp.asarray(d1)], jnp.asarray(z), jnp.asarray(in_vocab),
                            jnp.asarray(loss_mask), step_decay=0.8)
     np.testing.assert_array_equal(np.asarray(m["count_i"]), [2, 2])
     np.testing.assert_allclose(np.asarray(m["acc_i"]), [0.5, 1.0])
@@ -150,12 +185,13 @@ def test_loss_ignores_padding_and_unmasked_rows():
     d = [jnp.asarray(rng.normal(size=(2, t, vd)), jnp.float32) for _ in range(3)]
     lm = np.zeros((2, t), np.int32)
     lm[0, 2:6] = 1  # row 0 length 6, right padding after; row 1 has no response tokens
-    _, m = ttt.ttt_loss(d, z, jnp.ones((2, t), bool), jnp.asarray(lm))
+    loss_fn = jax.jit(ttt.ttt_loss)
+    _, m = loss_fn(d, z, jnp.ones((2, t), bool), jnp.asarray(lm))
     # step i weights t with 2 <= t + 2 + i <= 5, t >= 0: counts 4, 3, 2
     np.testing.assert_array_equal(np.asarray(m["count_i"]), [4, 3, 2])
     # Changing anything at unweighted places changes nothing.
     d2 = [x.at[1].set(0.0).at[0, 5:].set(3.0) for x in d]
     z2 = z.at[1].set(1.0).at[0, 7].set(2.0)
-    l1, _ = ttt.ttt_loss(d, z, jnp.ones((2, t), bool), jnp.asarray(lm))
-    l2, _ = ttt.ttt_loss(d2, z2, jnp.ones((2, t), bool), jnp.asarray(lm))
+    l1, _ = loss_fn(d, z, jnp.ones((2, t), bool), jnp.asarray(lm))
+    l2, _ = loss_fn(d2, z2, jnp.ones((2, t), bool), jnp.asarray(lm))
     np.testing.assert_allclose(float(l1), float(l2), rtol=1e-6)

@@ -1,0 +1,116 @@
+"""Report rendering (benchmarks/report.py) from synthetic result JSONs; no timing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from eagle_jax.benchmarks import report  # noqa: E402
+
+MACHINE = {"hostname": "h", "cpu_model": "Test CPU", "cpu_count": 2, "cpu_affinity": 2, "memory_gb": 8.0,
+           "backend": "cpu", "devices": ["cpu"], "device_count": 1, "description": "Test CPU, 2 cores"}
+
+
+def _engine(name, tps, speedup, tau=None, pp=None, drafter=None, engine="eagle-jax"):
+    acc = None
+    if tau is not None:
+        acc = {"num_verify_steps": 10, "accepted_tokens": int((tau - 1) * 10), "acceptance_length": tau,
+               "draft_acceptance_rate": 0.3, "per_position_acceptance": pp, "accepted_histogram": [1, 2, 3]}
+    return {"engine": engine, "method": "plain" if drafter is None else "chain", "setting": None if drafter is None else "k=2",
+            "drafter": drafter, "tokens_per_s_total": tps, "tokens_per_s_per_request": tps,
+            "speedup": speedup, "speedup_paired_median": speedup, "speedup_paired_min": speedup,
+            "speedup_paired_max": speedup, "ttft_s_median": 0.1, "acceptance": acc, "compile_s": 3.0,
+            "greedy_match_rate": None if drafter is None else 1.0, "memory": {"peak_rss_mb": 900.0}, "runs": []}
+
+
+def _workload(name, dataset, b, temp=0.0, ctx=None):
+    d = {"tag": "random-eagle3.1", "label": "random-init EAGLE 3.1 (UNTRAINED)", "random_init": True}
+    return {"name": name, "dataset": dataset, "batch_size": b, "temperature": temp, "max_new_tokens": 64,
+            "context_tokens": ctx, "rounds": 1, "num_prompts": b, "num_batches": 1, "prompt_ids": ["a"] * b,
+            "prompt_tokens": [100] * b, "shape": None, "baseline": "plain",
+            "engines": {"plain": _engine("plain", 10.0, 1.0),
+                        "chain-k2/random-eagle3.1": _engine("c", 5.0, 0.5, 1.2, [0.15, 0.05], d)},
+            "skipped_engines": []}
+
+
+def _write(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+@pytest.fixture
+def results(tmp_path):
+    rd = tmp_path / "results"
+    rd.mkdir()
+    head = {"machine": MACHINE, "jax_version": "0.0", "command": "eagle-jax bench --quick"}
+    _write(rd / "speed-quick-1.json", {**head, "suite": "speed", "mode": "quick", "date": "2026-01-01T00:00:00",
+                                       "drafters": [{"tag": "random-eagle3.1", "random_init": True}],
+                                       "notes": ["no trained drafter found"], "total_s": 100.0,
+                                       "peers": {"llama.cpp": {"available": False, "reason": "ImportError: x"}},
+                                       "workloads": [_workload("humaneval/b1/T0", "humaneval", 1),
+                                                     _workload("humaneval/b4/T0", "humaneval", 4),
+                                                     _workload("long/1024/b1/T0", "long", 1, ctx=1024)]})
+    _write(rd / "speed-quick-0.json", {**head, "suite": "speed", "mode": "quick", "date": "2025-01-01T00:00:00",
+                                       "workloads": []})
+    _write(rd / "drift-quick-1.json", {**head, "suite": "drift", "mode": "quick", "date": "2026-01-01T00:00:00",
+                                       "settings": {"depth": 3, "sink_tokens": 4, "prompt_query_min_pos": 16,
+                                                    "max_new_tokens": 64},
+                                       "drafters": [{"random_init": True}], "notes": [],
+                                       "summary": [{"drafter": "d", "label": "D", "variant": "EAGLE-3",
+                                                    "random_init": True, "context": c, "num_prompts": 1,
+                                                    "prompt_tokens_mean": n, "tau": 1.1,
+                                                    "per_position_acceptance": [0.1, 0.0, 0.0],
+                                                    "hidden_rms_by_depth": [1.0, 2.0, 3.0],
+                                                    "feedback_out_rms_by_depth": [2.0, 3.0, 4.0],
+                                                    "sink_mass_by_depth": [0.1, 0.2, 0.3],
+                                                    "feature_rms_prompt": 1.0, "sink_mass_prompt": 0.05,
+                                                    "root_accepted_mean": 0.0}
+                                                   for c, n in (("short", 150.0), (1024, 1020.0))]})
+    _write(rd / "plain_vs_transformers-1.json", {
+        **head, "suite": "plain_vs_transformers", "date": "2026-01-01T00:00:00",
+        "command": "python benchmarks/plain_vs_transformers.py",
+        "settings": {"max_new_tokens": 128, "prompt_tokens": 60}, "rounds": [{}, {}, {}],
+        "eagle_jax_tokens_per_s": 20.0, "transformers_tokens_per_s": 12.0, "ratio_paired_median": 1.66,
+        "ratio_of_medians": 1.67, "target_ratio": 1.5, "ratio_target_met": True,
+        "eagle_jax_compile_s": 8.0, "eagle_jax_second_call_s": 6.0, "warm_start_s": 12.0,
+        "warm_start_target_s": 10.0, "warm_start_target_met": False,
+        "warm_start_breakdown": {"import_jax_s": 1.0, "load_target_s": 6.0, "process_wall_s": 12.0},
+        "profile": {"step_ms_median": 40.0, "weight_bytes": 5e8, "kv_cache_bytes_read": 1e6}})
+    (rd / "analysis.md").write_text("Hand-written findings.\n")
+    (rd / "not-a-result.json").write_text("[1, 2]")
+    return rd
+
+
+def test_render_writes_tables_captions_and_figures(results, tmp_path):
+    docs = tmp_path / "docs" / "benchmarks.md"
+    out = report.render(results_dir=str(results), docs_path=str(docs))
+    text = open(out).read()
+    assert "Hand-written findings." in text
+    assert "*Command:* `eagle-jax bench --quick`" in text and "Test CPU, 2 cores" in text
+    assert "**not met**" in text  # the warm start above target is shown as such
+    assert "1.66" in text and "Random-init drafters" in text
+    assert "peer `llama.cpp` not run: ImportError: x" in text
+    assert "| `chain-k2/random-eagle3.1` |" in text
+    assert "speed-quick-0.json" in text  # the older file is listed, not rendered
+    # every table is preceded (within a few lines) by a caption naming command, machine, date
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|---"):
+            window = "\n".join(lines[max(0, i - 8):i])
+            assert "*Command:*" in window and "*date:*" in window, lines[i - 1]
+    pngs = [p for p in os.listdir(results) if p.endswith(".png")]
+    assert {"speed-quick-1-speedup.png", "speed-quick-1-acceptance.png", "speed-quick-1-tau-context.png",
+            "drift-quick-1-hidden-norm.png", "drift-quick-1-drift-tau.png"} <= set(pngs)
+    for p in pngs:
+        if p.startswith(("speed-quick-1", "drift-quick-1")):
+            assert f"../results/{p}" in text
+
+
+def test_render_with_no_results(tmp_path):
+    docs = tmp_path / "benchmarks.md"
+    report.render(results_dir=str(tmp_path), docs_path=str(docs))
+    assert "No results yet." in docs.read_text()

@@ -1,0 +1,29 @@
+"""Streaming yields the same text as batch generation, piece by piece."""
+
+from eagle_jax.config import SpecConfig
+from eagle_jax.generate import Generator
+
+from spec_helpers import smollm2_random_drafter
+
+
+def test_stream_equals_generate(smollm2):
+    d = smollm2_random_drafter(smollm2.cfg, "eagle3.1")
+    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer, drafter=d,
+                    spec=SpecConfig("chain", num_speculative_tokens=3))
+    prompt = "Name three colours."
+    pieces = list(gen.stream(prompt, max_new_tokens=20))
+    full = gen.generate([prompt], max_new_tokens=20)
+    assert len(pieces) > 1
+    assert "".join(pieces) == full.texts[0]
+
+
+def test_stream_stops_at_stop_string(smollm2):
+    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer)
+    full = gen.generate(["Count from one to ten in words."], max_new_tokens=30).texts[0]
+    words = full.split()
+    assert len(words) > 3
+    stop = words[2]
+    text = "".join(gen.stream("Count from one to ten in words.", max_new_tokens=30, stop=[stop]))
+    assert stop not in text and full.startswith(text)
+    res = gen.generate(["Count from one to ten in words."], max_new_tokens=30, stop=[stop])
+    assert res.texts[0] == text and res.finish_reasons == ["stop"]
