@@ -74,6 +74,10 @@ class Generator:
                                  target_cfg.max_position_embeddings)
         self.prefill_chunk = prefill_chunk
         self.impl = impl
+        # Lower bounds on the padded shapes (prompt columns, cache slots, output
+        # width): raising them lets requests of different sizes share one
+        # compiled prefill and loop. Outputs do not depend on them.
+        self.min_shapes = (0, 0, 0)
 
     @classmethod
     def load(cls, target: str = "smollm2-135m-instruct", draft: str | None = "default", *,
@@ -141,17 +145,19 @@ class Generator:
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
         lc = self._loop_config(sampling)
         lens = [len(x) for x in ids]
-        p = _bucket(max(lens), self.prefill_chunk)
+        min_p, min_cache, min_out = self.min_shapes
+        p = _bucket(max(max(lens), min_p), self.prefill_chunk)
         tokens = np.zeros((b, p), np.int32)
         for r, x in enumerate(ids):
             tokens[r, :len(x)] = x
         final = min(self.context_limit, max(n + m for n, m in zip(lens, max_new)))
         scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if self.speculative else 2
-        cache_len = 64 * math.ceil((max(p, final) + scratch) / 64)
-        out_width = 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16)
+        cache_len = max(min_cache, 64 * math.ceil((max(p, final) + scratch) / 64))
+        out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
+        caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
         args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
-                jax.random.PRNGKey(seed))
-        return ids, lc, args, dict(lc=lc, cache_len=cache_len, out_width=out_width)
+                jax.random.PRNGKey(seed), *caches)
+        return ids, lc, args, dict(lc=lc, out_width=out_width)
 
     # ------------------------------------------------------------------ running
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-from functools import partial
 from pathlib import Path
 from typing import NamedTuple, Sequence
 

@@ -47,12 +47,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -248,6 +247,14 @@ def make_schedule(cfg: TrainConfig):
         decay_steps=max(cfg.steps, warm + 1), end_value=cfg.lr * cfg.min_lr_ratio)
 
 
+def _optimizer_key(cfg: TrainConfig) -> tuple:
+    return (cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio, cfg.weight_decay, cfg.beta1, cfg.beta2,
+            cfg.grad_clip)
+
+
+_JIT_CACHE: dict = {}
+
+
 def make_optimizer(cfg: TrainConfig):
     schedule = make_schedule(cfg)
     tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
@@ -275,7 +282,7 @@ def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: flo
         (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], embed, batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        m = dict(m, loss=loss, grad_norm=optax.global_norm(grads))
+        m = dict(m, loss=loss, grad_norm=optax.tree.norm(grads))
         return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), m
 
     return train_step
@@ -422,6 +429,11 @@ def plot_curves(log_path, png_path) -> None:
 
 # ----------------------------------------------------------------------------- trainer
 
+# Settings whose change makes a resumed run differ from the uninterrupted one.
+_RESUME_KEYS = ("variant", "draft_vocab_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
+                "step_decay", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
+                "grad_clip", "dtype", "param_dtype", "seed", "data", "max_conversations", "target", "steps")
+
 class Trainer:
     """One training run (see the module docstring)."""
 
@@ -446,12 +458,21 @@ class Trainer:
         self.compute_dtype = _DTYPES[cfg.dtype]
         self.param_dtype = _DTYPES[cfg.param_dtype]
         self.tx, self.schedule = make_optimizer(cfg)
-        self.train_step = make_train_step(self.dcfg, self.tx, ttt_length=cfg.ttt_length,
-                                          step_decay=cfg.step_decay, compute_dtype=self.compute_dtype,
-                                          impl=cfg.impl)
-        self.feature_fn = features_lib.make_feature_fn(
-            target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=cfg.impl,
-            return_normed=cfg.feature_cache)
+        # Jitted functions are shared by trainers with the same static settings (a restarted
+        # trainer in the same process does not compile again).
+        step_key = ("step", self.dcfg, _optimizer_key(cfg), cfg.ttt_length, cfg.step_decay, cfg.dtype, cfg.impl)
+        if step_key not in _JIT_CACHE:
+            _JIT_CACHE[step_key] = make_train_step(self.dcfg, self.tx, ttt_length=cfg.ttt_length,
+                                                   step_decay=cfg.step_decay,
+                                                   compute_dtype=self.compute_dtype, impl=cfg.impl)
+        self.train_step = _JIT_CACHE[step_key]
+        feat_key = ("features", target_cfg, self.dcfg.aux_layer_ids, cfg.argmax_mode, cfg.impl,
+                    cfg.feature_cache)
+        if feat_key not in _JIT_CACHE:
+            _JIT_CACHE[feat_key] = features_lib.make_feature_fn(
+                target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=cfg.impl,
+                return_normed=cfg.feature_cache)
+        self.feature_fn = _JIT_CACHE[feat_key]
         self.logits_fn = jax.jit(partial(features_lib.draft_vocab_logits, tcfg=target_cfg))
         self.target_ids = jnp.asarray(vocab.target_ids, jnp.int32)
         self.t2d = jnp.asarray(vocab.t2d, bool)
@@ -568,6 +589,12 @@ class Trainer:
                                   "use another output_dir or --resume")
         if restored is not None:
             state, meta = restored
+            old = meta.get("config") or {}
+            changed = [k for k in _RESUME_KEYS if k in old and old[k] != getattr(cfg, k)]
+            if changed:
+                print(f"[train] warning: resuming with changed {', '.join(changed)} "
+                      f"(was {', '.join(repr(old[k]) for k in changed)}): the run is no longer the "
+                      "continuation of the checkpointed one", file=sys.stderr)
             start = int(meta["cursor"])
             elapsed_before = float(meta.get("elapsed_s", 0.0))
             print(f"[train] resumed from step {int(meta['step'])} (cursor {start})", file=sys.stderr)
@@ -639,7 +666,8 @@ class Trainer:
         if step >= cfg.steps:
             final_eval = self.evaluate(state["params"], step) if self.eval_prompts else None
             summary["eval"] = final_eval
-            summary["start_eval"] = next((e for e in evals if e and e["step"] == 0), None)
+            summary["start_eval"] = next((e for e in evals if e and e["step"] == 0), None) or next(
+                (r for r in read_log(self.log_path) if r.get("type") == "eval" and r.get("step") == 0), None)
             try:
                 plot_curves(self.log_path, self.out / "training_curves.png")
             except Exception as e:

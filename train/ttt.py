@@ -31,12 +31,15 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
   position ``t``) sees: step-0 keys with ``t' <= t`` and ``t' < n`` (causal,
   no padding keys); for ``1 <= j <= i`` only ``t' == t`` (the diagonal: the
   drafted tokens of the chain rooted at ``t``); nothing of later steps.
-  Mapping onto ``drafter.step``: step ``i`` runs with a cache of
+  Mapping onto ``drafter.step`` (:func:`unroll_reference`): step ``i`` runs with a cache of
   ``(i+1)*T`` slots holding steps ``0..i-1`` in blocks of ``T`` and
   ``lengths = i*T`` (so its own K/V are written to the last block);
   ``slot_mask`` covers the earlier blocks (causal block, then diagonal
   blocks, then False for the block being written) and ``mask`` (among the new
   tokens) is causal&valid for step 0 and the identity for ``i >= 1``.
+  :func:`unroll` (used for training) computes the same thing without the
+  dense masks: one causal [T, T] score block against the step-0 keys plus
+  ``i`` per-position dot products against the diagonal keys.
 * Loss: ``sum_i 0.8**i * loss_i`` with ``loss_i`` the weighted mean over
   positions of ``-sum_v p_v log softmax(draft)_v``; top-1 accuracy per step:
   ``argmax(draft) == argmax(z_{t+1+i})`` over the same weights (equal to the
@@ -50,9 +53,12 @@ import jax.numpy as jnp
 
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
+from eagle_jax.kernels import fused_norm_matmul
 from eagle_jax.models import drafter
+from eagle_jax.models.layers import linear, split_heads, swiglu_mlp
+from eagle_jax.nn import apply_rope, rms_norm, rope_tables
 
-__all__ = ["step_masks", "dense_ttt_mask", "unroll", "ttt_loss", "shift_left"]
+__all__ = ["step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
 
 
 def shift_left(x: jax.Array, k: int, fill=0) -> jax.Array:
@@ -97,10 +103,115 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
 
     aux [B, T, A*Ht] target features (compute dtype), input_ids [B, T] int32,
     lengths [B] int32 real tokens per row. See the module docstring.
+
+    This is the fast path used for training: the drafter layer of
+    ``drafter.step`` with an attention that scores each query against the
+    step-0 keys (one [T, T] causal block) plus its ``i`` diagonal keys (one dot
+    product each), instead of against ``(i+1)*T`` cache slots under a dense
+    mask. :func:`unroll_reference` is the same computation through
+    ``drafter.step`` and :func:`step_masks`; the tests hold the two equal.
     """
     b, t = input_ids.shape
+    _check_length(num_steps, t)
+    valid = jnp.arange(t, dtype=jnp.int32)[None] < lengths[:, None]
+    mask0 = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]  # [B, T, T] step-0 keys
+    hidden = drafter.project_features(dparams, dcfg, aux, impl=impl)
+    k0 = v0 = None
+    dk, dv, out = [], [], []
+    for i in range(num_steps):
+        tokens = shift_left(input_ids, 1 + i)
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + i, (b, t))
+
+        def attend(q, k, v, i=i):
+            if i == 0:
+                return _ttt_attention(q, k, v, mask0, [], [])
+            return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v])
+
+        logits, hidden, k, v = _drafter_layer(dparams, dcfg, tokens, hidden, positions, embed, attend, impl)
+        if i == 0:
+            k0, v0 = k, v
+        else:
+            dk.append(k)
+            dv.append(v)
+        out.append(logits)
+    return out
+
+
+def _check_length(num_steps: int, t: int) -> None:
     if num_steps < 1 or num_steps > t - 2:
         raise ValueError(f"ttt length {num_steps} must be in [1, T-2] for T={t}")
+
+
+def _drafter_layer(params, cfg: DrafterConfig, tokens, hidden, positions, embed, attend, impl):
+    """`drafter.step`'s computation with the attention supplied by `attend(q, k, v)`
+    (q/k rotated, [B, T, H*, D]) -> (logits f32, feedback, k, v)."""
+    layer = params["layer"]
+    eps = cfg.rms_norm_eps
+    if cfg.has_embedding:
+        embed = params["embed"]
+    elif embed is None:
+        raise ValueError("this drafter has no embed_tokens: pass the target's embedding")
+    e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)
+    residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
+    norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
+    qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
+                            segments=2, bias=layer.get("bqkv"), impl=impl)
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    h = residual + linear(attend(q, k, v), layer["wo"], layer.get("bo"))
+    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
+                       eps=eps, impl=impl)
+    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=eps, impl=impl)
+    feedback = rms_norm(h, params["norm"], eps) if cfg.norm_output else h
+    return logits.astype(jnp.float32), feedback, k, v
+
+
+def _ttt_attention(q, k0, v0, mask0, diag_k, diag_v):
+    """Softmax attention over the step-0 keys (under mask0) plus per-position diagonal keys.
+
+    q [B, T, Hq, D]; k0/v0 [B, T, Hkv, D]; mask0 [B, T, T]; diag_k/diag_v:
+    lists of [B, T, Hkv, D] whose entry at t is a key only for query t.
+    Float32 scores and softmax; a query that sees nothing returns 0.
+    Returns [B, T, Hq*D] in q.dtype.
+    """
+    b, t, hq, d = q.shape
+    hkv = k0.shape[2]
+    g = hq // hkv
+    scale = 1.0 / jnp.sqrt(jnp.float32(d))
+    qh = q.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, Hkv, g, T, D]
+    heads_first = lambda x: x.transpose(0, 2, 1, 3)  # [B, T, Hkv, D] -> [B, Hkv, T, D]
+    m0 = mask0[:, None, None]  # [B, 1, 1, T, T]
+    s0 = jnp.einsum("bhgqd,bhkd->bhgqk", qh, heads_first(k0), preferred_element_type=jnp.float32) * scale
+    s0 = jnp.where(m0, s0, -jnp.inf)
+    peak = jnp.max(s0, axis=-1)
+    sd = None
+    if diag_k:
+        sd = jnp.stack([jnp.einsum("bhgqd,bhqd->bhgq", qh, heads_first(kj), preferred_element_type=jnp.float32)
+                        for kj in diag_k], axis=-1) * scale  # [B, Hkv, g, T, i]
+        peak = jnp.maximum(peak, jnp.max(sd, axis=-1))
+    peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))[..., None]
+    w0 = jnp.where(m0, jnp.exp(s0 - peak), 0.0)
+    denom = jnp.sum(w0, axis=-1)
+    if sd is not None:
+        wd = jnp.exp(sd - peak)
+        denom = denom + jnp.sum(wd, axis=-1)
+    inv = (1.0 / jnp.where(denom > 0, denom, 1.0))[..., None]
+    vdt = v0.dtype
+    out = jnp.einsum("bhgqk,bhkd->bhgqd", (w0 * inv).astype(vdt), heads_first(v0),
+                     preferred_element_type=jnp.float32)
+    for j, vj in enumerate(diag_v):
+        out = out + (wd[..., j:j + 1] * inv) * heads_first(vj)[:, :, None].astype(jnp.float32)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, hq * d).astype(q.dtype)
+
+
+def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_steps: int, *,
+                     impl: str = "auto") -> list[jax.Array]:
+    """:func:`unroll` through ``drafter.step`` with a growing cache and :func:`step_masks`
+    (dense masks over ``(i+1)*T`` slots at step i: slower, kept as the reference)."""
+    b, t = input_ids.shape
+    _check_length(num_steps, t)
     valid = jnp.arange(t, dtype=jnp.int32)[None] < lengths[:, None]
     hidden = drafter.project_features(dparams, dcfg, aux, impl=impl)
     dtype = hidden.dtype
@@ -113,6 +224,8 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
         cache = KVCache(k=jnp.concatenate(ks + [free], axis=3), v=jnp.concatenate(vs + [free], axis=3),
                         lengths=jnp.full((b,), i * t, jnp.int32))
         slot_mask, mask = step_masks(valid, i)
+        if i == 0:  # an all-False constant: keep XLA from constant-folding the masked scores
+            slot_mask = jax.lax.optimization_barrier(slot_mask)
         logits, hidden, cache = drafter.step(dparams, dcfg, tokens, hidden, positions, cache,
                                              embed=embed, mask=mask, slot_mask=slot_mask, impl=impl)
         ks.append(cache.k[:, :, :, i * t:])

@@ -125,15 +125,23 @@ def _chunked_prefill(tparams, lc: LoopConfig, tokens, cache):
     return unchunk(hidden), cache, unchunk(aux)
 
 
-def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, key, *, lc: LoopConfig,
-            cache_len: int, out_width: int) -> DecodeState:
+def create_caches(lc: LoopConfig, batch: int, cache_len: int, dtype) -> tuple[KVCache, KVCache | None]:
+    """Empty target and drafter caches. They are made outside the jitted prefill
+    and donated to it: zeros created inside would be constant-folded by XLA."""
+    tcache = target.create_cache(lc.target, batch, cache_len, dtype)
+    dcache = drafter.create_cache(lc.drafter, batch, cache_len, dtype) if lc.speculative else None
+    return tcache, dcache
+
+
+def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, key, tcache: KVCache,
+            dcache: KVCache | None, *, lc: LoopConfig, out_width: int) -> DecodeState:
     """Prompt pass for target (and drafter); emits the first token.
 
     tokens [B, P] right-padded prompts (P a multiple of the prefill chunk or
-    below it); prompt_len [B]; max_new [B] int32.
+    below it); prompt_len [B]; max_new [B] int32; empty caches from
+    `create_caches`.
     """
     b, p = tokens.shape
-    tcache = target.create_cache(lc.target, b, cache_len, tparams["embed"].dtype)
     hidden, tcache, aux = _chunked_prefill(tparams, lc, tokens, tcache)
     tcache = tcache.replace(lengths=prompt_len.astype(jnp.int32))
     last_logits = target.logits(tparams, lc.target, _last(hidden, prompt_len - 1), impl=lc.impl)
@@ -153,7 +161,6 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, key, *, lc: Lo
     shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
     dtokens = jnp.where(t == (prompt_len - 1)[:, None], first[:, None], shifted)
     dcfg = lc.drafter
-    dcache = drafter.create_cache(dcfg, b, cache_len, tparams["embed"].dtype)
     c = min(p, lc.prefill_chunk)
     nc = p // c
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -234,6 +241,6 @@ def run(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> Decod
                               partial(step, tparams, dparams, vocab, lc=lc), state)
 
 
-prefill_jit = jax.jit(prefill, static_argnames=("lc", "cache_len", "out_width"))
+prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
 step_jit = jax.jit(step, static_argnames=("lc",), donate_argnames=("state",))

@@ -1,0 +1,528 @@
+"""Render docs/benchmarks.md (tables + matplotlib PNGs) from benchmarks/results/*.json.
+
+    eagle-jax bench --suite report [--output-dir DIR] [--docs PATH]
+    python -m eagle_jax.benchmarks.report
+
+For each suite (speed, drift, plain_vs_transformers) the newest result per
+(mode, machine) is rendered; older files are listed at the end. Every table
+is captioned with the command, the machine and the date of its run.
+Hand-written commentary lives in benchmarks/results/analysis.md and is
+included verbatim under "Analysis".
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+from eagle_jax.benchmarks.harness import RESULTS_DIR, describe_machine, machine_slug
+
+DEFAULT_DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+ANALYSIS_FILE = "analysis.md"
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_results(results_dir: str) -> list[dict]:
+    out = []
+    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+        try:
+            with open(path) as f:
+                r = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(r, dict) or "suite" not in r or "machine" not in r:
+            continue
+        r["_path"] = path
+        out.append(r)
+    return out
+
+
+def newest(results: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(newest per (suite, mode, machine), the rest)."""
+    best: dict = {}
+    for r in results:
+        key = (r["suite"], r.get("mode"), machine_slug(r["machine"]))
+        if key not in best or (r.get("date", ""), r["_path"]) > (best[key].get("date", ""), best[key]["_path"]):
+            best[key] = r
+    chosen = sorted(best.values(), key=lambda r: (r["suite"], r.get("mode") or "", r.get("date", "")))
+    rest = [r for r in results if all(r is not c for c in chosen)]
+    return chosen, rest
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def fmt(x, nd=2, dash="–"):
+    if x is None:
+        return dash
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if x != x:
+            return dash
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |")
+    return "\n".join(lines)
+
+
+def caption(r: dict) -> str:
+    m = r["machine"]
+    desc = m.get("description") or describe_machine(m)
+    return (f"*Command:* `{r.get('command', '?')}` — *machine:* {desc} — *date:* {r.get('date', '?')} — "
+            f"*jax* {r.get('jax_version', '?')} — *file:* `{os.path.basename(r['_path'])}`")
+
+
+def _rel(path: str, docs_path: str) -> str:
+    return os.path.relpath(path, os.path.dirname(os.path.abspath(docs_path))).replace(os.sep, "/")
+
+
+def _png(r: dict, what: str) -> str:
+    stem = os.path.splitext(r["_path"])[0]
+    return f"{stem}-{what}.png"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ----------------------------------------------------------------------------- plain vs transformers
+
+
+def render_plain_vs_transformers(r: dict) -> str:
+    out = [f"### Plain greedy decoding: eagle-jax vs transformers ({r.get('date', '?')[:10]})", "", caption(r), ""]
+    s = r.get("settings", {})
+    out.append(f"SmolLM2-135M-Instruct, float32 weights from the same GGUF in both engines, batch 1, greedy, "
+               f"{s.get('max_new_tokens')} new tokens, a {s.get('prompt_tokens')}-token chat prompt, "
+               f"{len(r.get('rounds', []))} interleaved timed rounds.")
+    out.append("")
+    ratio = r.get("ratio_paired_median")
+    rows = [
+        ["eagle-jax plain tokens/s (median)", fmt(r.get("eagle_jax_tokens_per_s"), 1), ""],
+        ["transformers `generate` tokens/s (median)", fmt(r.get("transformers_tokens_per_s"), 1), ""],
+        ["ratio eagle-jax / transformers (paired median)", fmt(ratio), f">= {fmt(r.get('target_ratio'), 1)}: "
+         + ("met" if r.get("ratio_target_met") else "**not met**")],
+        ["ratio of medians", fmt(r.get("ratio_of_medians")), ""],
+        ["identical token sequences (rounds)", f"{r.get('same_tokens_rounds')} / {len(r.get('rounds', []))}",
+         f"common prefix {r.get('common_prefix_tokens')} tokens"],
+        ["eagle-jax TTFT s / transformers TTFT s", f"{fmt(r.get('eagle_jax_ttft_s'), 3)} / "
+         f"{fmt(r.get('transformers_ttft_s'), 3)}", ""],
+        ["eagle-jax first call (compile + run) s", fmt(r.get("eagle_jax_first_call_s")), ""],
+        ["eagle-jax compile_s (first − second call)", fmt(r.get("eagle_jax_compile_s")),
+         "persistent cache " + ("cold (fresh directory)" if r.get("compile_cache") == "fresh" else "as found")],
+        ["eagle-jax second call s", fmt(r.get("eagle_jax_second_call_s")), ""],
+        ["warm start s (fresh `eagle-jax generate --json` process, cache filled)", fmt(r.get("warm_start_s")),
+         f"< {fmt(r.get('warm_start_target_s'), 0)}: " + ("met" if r.get("warm_start_target_met") else "**not met**")],
+    ]
+    out.append(table(["metric", "value", "target / note"], rows))
+    out.append("")
+    if r.get("warm_start_command"):
+        out.append(f"Warm-start command: `{r['warm_start_command']}`.")
+        out.append("")
+    b = r.get("warm_start_breakdown") or {}
+    if b and "import_jax_s" in b:
+        out.append("Where a warm start goes (a fresh child process, same cache):")
+        out.append("")
+        out.append(caption(r))
+        out.append("")
+        out.append(table(["phase", "s"], [
+            ["import jax", fmt(b.get("import_jax_s"))],
+            ["import eagle_jax.generate", fmt(b.get("import_eagle_jax_s"))],
+            ["load_target (conversion cache + tokenizer)", fmt(b.get("load_target_s"))],
+            ["Generator + tokenise", fmt(b.get("generator_and_tokenize_s"))],
+            ["first generate (cached executables loaded + run)", fmt(b.get("first_generate_s"))],
+            ["second generate (run only)", fmt(b.get("second_generate_s"))],
+            ["whole child process", fmt(b.get("process_wall_s"))],
+        ]))
+        out.append("")
+    p = r.get("profile") or {}
+    if p:
+        out.append("Decode-step profile (batch 1, one token, float32):")
+        out.append("")
+        out.append(caption(r))
+        out.append("")
+        out.append(table(["quantity", "value"], [
+            ["one jitted target step, isolated (median ms)", fmt(p.get("step_ms_median"), 1)],
+            ["per token inside the decoding loop (ms)", fmt(p.get("loop_ms_per_token"), 1)],
+            ["transformers per token (ms)", fmt(p.get("transformers_ms_per_token"), 1)],
+            ["bytes read per step (weights + KV cache, MB)",
+             fmt(((p.get("weight_bytes") or 0) + (p.get("kv_cache_bytes_read") or 0)) / 1e6, 0)],
+            ["memory bandwidth, numpy copy (GB/s)", fmt(p.get("numpy_copy_gbs"), 1)],
+            ["memory bandwidth, XLA x+1 (GB/s)", fmt(p.get("xla_add_gbs"), 1)],
+            ["weight-read roofline per token (ms)", fmt(p.get("roofline_ms_per_token"), 1)],
+            ["effective bandwidth of the isolated step (GB/s)", fmt(p.get("step_bandwidth_gbs"), 1)],
+        ]))
+        out.append("")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- speed
+
+
+def _drafter_cell(e: dict) -> str:
+    d = e.get("drafter")
+    if not d:
+        return "–"
+    return d.get("label", d.get("tag", "?"))
+
+
+def render_speed(r: dict, docs_path: str) -> str:
+    out = [f"### Decoding speed, `{r.get('mode')}` run ({r.get('date', '?')[:10]})", "", caption(r), ""]
+    drafters = r.get("drafters", [])
+    if any(d.get("random_init") for d in drafters):
+        out.append("> **Random-init drafters:** the drafters marked UNTRAINED are randomly initialised. "
+                   "They exercise the speculative machinery end to end; their speedups (below 1) and tau "
+                   "(about 1) say nothing about EAGLE-3 or EAGLE 3.1.")
+        out.append("")
+    for n in r.get("notes", []):
+        out.append(f"- {n}")
+    peers = r.get("peers") or {}
+    for name, st in peers.items():
+        if not st.get("available"):
+            out.append(f"- peer `{name}` not run: {st.get('reason')}")
+    out.append(f"- total wall time of the run: {fmt(r.get('total_s'), 0)} s; target load "
+               f"{fmt((r.get('target') or {}).get('load_s'), 1)} s")
+    if r.get("partial"):
+        out.append("- **this run did not finish**: only the workloads listed were measured")
+    out.append("")
+    out.append("Speedup = engine tokens/s ÷ eagle-jax plain tokens/s over the same interleaved runs "
+               "(paired: median of per-run ratios, [min–max]). tok/s = all tokens ÷ summed wall time; "
+               "tok/s/req = a row's tokens ÷ its batch's wall time, averaged. Greedy match = share of rows "
+               "whose output equals plain decoding's. Peak RSS is the process high-water mark after the "
+               "engine's runs (monotonic over the run).")
+    out.append("")
+    for w in r.get("workloads", []):
+        out.append(f"**{w['name']}** — {w['num_prompts']} prompts ({w['num_batches']} batches of "
+                   f"{w['batch_size']}), prompt tokens {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])}, "
+                   f"T={w['temperature']:g}, {w['max_new_tokens']} new tokens, {w['rounds']} round(s)")
+        out.append("")
+        out.append(caption(r))
+        out.append("")
+        rows = []
+        for name, e in w["engines"].items():
+            acc = e.get("acceptance") or {}
+            pp = acc.get("per_position_acceptance") or []
+            paired = e.get("speedup_paired_median")
+            prange = (f" [{fmt(e.get('speedup_paired_min'))}–{fmt(e.get('speedup_paired_max'))}]"
+                      if e.get("speedup_paired_min") is not None else "")
+            mem = e.get("memory") or {}
+            mem_s = fmt(mem.get("peak_rss_mb"), 0)
+            if mem.get("device_peak_mb") is not None:
+                mem_s += f" / dev {fmt(mem['device_peak_mb'], 0)}"
+            rows.append([
+                f"`{name}`", e.get("engine", ""), e.get("setting") or e.get("method", ""), _drafter_cell(e),
+                fmt(e.get("tokens_per_s_total"), 1), fmt(e.get("tokens_per_s_per_request"), 1),
+                fmt(e.get("speedup")), fmt(paired) + prange,
+                fmt(acc.get("acceptance_length")), " ".join(f"{x:.2f}" for x in pp) or "–",
+                fmt(e.get("ttft_s_median"), 3), fmt(e.get("compile_s"), 1),
+                fmt(e.get("greedy_match_rate")), mem_s])
+        out.append(table(["engine", "kind", "setting", "drafter", "tok/s", "tok/s/req", "speedup",
+                          "paired", "tau", "per-position acc.", "TTFT s", "compile s", "greedy match",
+                          "peak RSS MB"], rows))
+        out.append("")
+    peer_rows = peers_summary(r)
+    if peer_rows:
+        out.append("**Peers, pooled over the batch-1 greedy workloads** (same prompts, same token ids, "
+                   "interleaved with eagle-jax):")
+        out.append("")
+        out.append(caption(r))
+        out.append("")
+        out.append(table(["engine", "weights / dtype", "method", "tokens", "tok/s", "÷ eagle-jax plain",
+                          "eagle-jax plain ÷ engine", "best eagle-jax speculative ÷ engine"], peer_rows))
+        out.append("")
+    figs = speed_figures(r)
+    for title, path in figs:
+        out.append(f"![{title}]({_rel(path, docs_path)})")
+        out.append("")
+    return "\n".join(out)
+
+
+def peers_summary(r: dict) -> list[list]:
+    """Pooled tokens/s of every engine over the workloads where peers ran."""
+    ws = [w for w in r.get("workloads", [])
+          if any(e.get("engine") != "eagle-jax" for e in w["engines"].values())]
+    if not ws:
+        return []
+    pooled: dict = {}
+    for w in ws:
+        for name, e in w["engines"].items():
+            t, s, _ = pooled.get(name, (0, 0.0, e))
+            pooled[name] = (t + e.get("tokens", 0), s + e.get("wall_s", 0.0), e)
+    tps = {n: (t / s if s else 0.0) for n, (t, s, _) in pooled.items()}
+    plain = tps.get("plain")
+    spec = [n for n, (_, _, e) in pooled.items() if e.get("engine") == "eagle-jax" and n != "plain"]
+    best = max(spec, key=lambda n: tps[n]) if spec else None
+    rows = []
+    for n, (t, s, e) in pooled.items():
+        v = tps[n]
+        rows.append([f"`{n}`", f"{e.get('weights') or ''} {e.get('dtype') or ''}".strip(),
+                     e.get("setting") or e.get("method", ""), t, fmt(v, 1),
+                     fmt(v / plain if plain else None), fmt(plain / v if v and plain else None),
+                     (f"{fmt(tps[best] / v)} (`{best}`)" if best and v else "–")])
+    return rows
+
+
+def speed_figures(r: dict) -> list[tuple[str, str]]:
+    plt = _plt()
+    figs = []
+    ws = [w for w in r.get("workloads", []) if not w["name"].startswith("peers/") and w["dataset"] != "long"]
+    # speedup by batch size, per engine and temperature (mean over datasets)
+    series: dict = {}
+    for w in ws:
+        for name, e in w["engines"].items():
+            if name == w["baseline"] or e.get("speedup") is None or e.get("engine") != "eagle-jax":
+                continue
+            series.setdefault((name, w["temperature"]), {}).setdefault(w["batch_size"], []).append(e["speedup"])
+    if series:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (name, temp), by_b in sorted(series.items()):
+            bs = sorted(by_b)
+            ax.plot(bs, [sum(by_b[b]) / len(by_b[b]) for b in bs], marker="o", label=f"{name} T={temp:g}")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        all_b = sorted({b for by_b in series.values() for b in by_b})
+        ax.set_xticks(all_b, [str(b) for b in all_b])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup vs eagle-jax plain")
+        ax.set_title("Speedup by batch size (mean over datasets)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = _png(r, "speedup")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        figs.append(("speedup by batch size", path))
+    # per-position acceptance (greedy, batch 1, per engine, pooled over short datasets)
+    pp: dict = {}
+    for w in ws:
+        if w["temperature"] != 0:
+            continue
+        for name, e in w["engines"].items():
+            acc = e.get("acceptance") or {}
+            if acc.get("per_position_acceptance"):
+                pp.setdefault(name, []).append(acc)
+    if pp:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, accs in sorted(pp.items()):
+            steps = sum(a["num_verify_steps"] for a in accs)
+            depth = min(len(a["per_position_acceptance"]) for a in accs)
+            vals = [sum(a["per_position_acceptance"][i] * a["num_verify_steps"] for a in accs) / max(steps, 1)
+                    for i in range(depth)]
+            ax.plot(range(1, depth + 1), vals, marker="o", label=name)
+        ax.set_xticks(range(1, max(len(a["per_position_acceptance"]) for v in pp.values() for a in v) + 1))
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(0, 1)
+        ax.set_title("Per-position acceptance (greedy, short prompts)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = _png(r, "acceptance")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        figs.append(("per-position acceptance", path))
+    # tau by context length
+    longs = [w for w in r.get("workloads", []) if w["dataset"] == "long"]
+    tau: dict = {}
+    for w in longs:
+        for name, e in w["engines"].items():
+            acc = e.get("acceptance") or {}
+            if acc.get("acceptance_length") is not None:
+                tau.setdefault(name, []).append((w.get("context_tokens"), acc["acceptance_length"]))
+    if tau:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, pts in sorted(tau.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context tokens")
+        ax.set_ylabel("tau (mean acceptance length)")
+        ax.set_title("tau by context length (greedy, batch 1)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = _png(r, "tau-context")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        figs.append(("tau by context length", path))
+    return figs
+
+
+# ----------------------------------------------------------------------------- drift
+
+
+def render_drift(r: dict, docs_path: str) -> str:
+    out = [f"### Attention-drift diagnostics, `{r.get('mode')}` run ({r.get('date', '?')[:10]})", "", caption(r), ""]
+    if any(d.get("random_init") for d in r.get("drafters", [])):
+        out.append("> **Random-init drafters** (UNTRAINED) are shown to prove the diagnostic runs; their "
+                   "numbers describe random weights, not EAGLE-3 or EAGLE 3.1.")
+        out.append("")
+    for n in r.get("notes", []):
+        out.append(f"- {n}")
+    s = r.get("settings", {})
+    out.append(f"- chain depth {s.get('depth')}; sink = first {s.get('sink_tokens')} positions; prompt "
+               f"queries from position {s.get('prompt_query_min_pos')} on; tau from a {s.get('max_new_tokens')}"
+               f"-token greedy chain generation")
+    out.append("")
+    rows = []
+    for g in r.get("summary", []):
+        rows.append([g["label"], g["context"], fmt(g["prompt_tokens_mean"], 0), g["num_prompts"],
+                     fmt(g["tau"]), " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]) or "–",
+                     fmt(g["feature_rms_prompt"]),
+                     " ".join(f"{x:.2f}" for x in g["hidden_rms_by_depth"]),
+                     fmt(g["sink_mass_prompt"], 3),
+                     " ".join(f"{x:.3f}" for x in g["sink_mass_by_depth"]),
+                     fmt(g["root_accepted_mean"])])
+    if rows:
+        out.append(caption(r))
+        out.append("")
+        out.append(table(["drafter", "context", "prompt tok", "n", "tau", "per-position acc.",
+                          "feature RMS (prompt)", "hidden RMS by depth", "sink share (prompt)",
+                          "sink share by depth", "chain accepted at root"], rows))
+        out.append("")
+    for title, path in drift_figures(r):
+        out.append(f"![{title}]({_rel(path, docs_path)})")
+        out.append("")
+    return "\n".join(out)
+
+
+def drift_figures(r: dict) -> list[tuple[str, str]]:
+    summary = r.get("summary") or []
+    if not summary:
+        return []
+    plt = _plt()
+    figs = []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for g in summary:
+        lab = f"{g['drafter']} ({g['context']})"
+        d = range(1, len(g["hidden_rms_by_depth"]) + 1)
+        axes[0].plot(d, g["hidden_rms_by_depth"], marker="o", label=lab)
+        axes[1].plot(d, g["sink_mass_by_depth"], marker="o", label=lab)
+    depth = max((len(g["hidden_rms_by_depth"]) for g in summary), default=1)
+    for ax in axes:
+        ax.set_xticks(range(1, depth + 1))
+    axes[0].set_xlabel("chain depth")
+    axes[0].set_ylabel("RMS of hidden input")
+    axes[0].set_title("Hidden-state norm by depth")
+    axes[1].set_xlabel("chain depth")
+    axes[1].set_ylabel("attention share on first 4 tokens")
+    axes[1].set_title("Sink attention by depth")
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    path = _png(r, "hidden-norm")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    figs.append(("hidden-state norm and sink attention by depth", path))
+    by_drafter: dict = {}
+    for g in summary:
+        if g["context"] != "short" and g["tau"] is not None:
+            by_drafter.setdefault(g["drafter"], []).append((g["prompt_tokens_mean"], g["tau"]))
+    shorts = {g["drafter"]: (g["prompt_tokens_mean"], g["tau"]) for g in summary
+              if g["context"] == "short" and g["tau"] is not None}
+    if by_drafter or shorts:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for dr in sorted(set(by_drafter) | set(shorts)):
+            pts = sorted(by_drafter.get(dr, []) + ([shorts[dr]] if dr in shorts else []))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=dr)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel("tau")
+        ax.set_title("tau by context length (chain, greedy)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = _png(r, "drift-tau")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        figs.append(("tau by context length", path))
+    return figs
+
+
+# ----------------------------------------------------------------------------- document
+
+
+INTRO = """# Benchmarks
+
+This file is generated by `eagle-jax bench --suite report` (benchmarks/report.py)
+from the JSON results in `benchmarks/results/`; edit `benchmarks/results/analysis.md`
+for commentary, not this file. Every table names the command, the machine and
+the date of the run that produced it. Numbers are reported as measured,
+including those that fall short of their targets.
+
+Reproduce:
+
+```
+python benchmarks/plain_vs_transformers.py          # plain decoding vs transformers (foundation check)
+eagle-jax bench --quick                             # < 10 min on a 2-core CPU
+eagle-jax bench                                     # full grid (batch 1/4/16, T 0 and 0.7, long context)
+eagle-jax bench --suite drift [--quick]             # attention-drift diagnostics
+eagle-jax bench --suite report                      # re-render this file
+```
+
+Method (benchmarks/harness.py): every speedup is measured against plain
+decoding by the same engine (eagle-jax, same weights, same compiled runtime)
+in the same process, with the engines interleaved run by run (A, B, A, B, ...;
+odd rounds reversed) after a warm-up whose compile time is reported
+separately (`compile s`). Prompt sets (benchmarks/datasets.py): HumanEval
+(164 problems, chat request to complete the function), the first user turn
+of held-out ShareGPT conversations (train/data.py split), and real Python
+modules of installed packages cut to about 1k/2k/4k/7k chat tokens followed
+by a question about them. Peers (benchmarks/peers.py) decode the same token
+ids greedily at batch 1.
+"""
+
+
+def render(results_dir: str | None = None, docs_path: str | None = None) -> str:
+    results_dir = results_dir or RESULTS_DIR
+    docs_path = docs_path or DEFAULT_DOCS
+    results = load_results(results_dir)
+    chosen, rest = newest(results)
+    parts = [INTRO]
+    analysis = os.path.join(results_dir, ANALYSIS_FILE)
+    if os.path.isfile(analysis):
+        with open(analysis) as f:
+            parts.append("## Analysis\n\n" + f.read().strip() + "\n")
+    sections = [("plain_vs_transformers", "## Plain decoding vs transformers", render_plain_vs_transformers),
+                ("speed", "## Decoding speed", lambda r: render_speed(r, docs_path)),
+                ("drift", "## Attention drift", lambda r: render_drift(r, docs_path))]
+    for suite, title, fn in sections:
+        rs = [r for r in chosen if r["suite"] == suite]
+        parts.append(title + "\n")
+        if not rs:
+            parts.append("No results yet.\n")
+        for r in rs:
+            parts.append(fn(r) + "\n")
+    if rest:
+        parts.append("## Older result files\n")
+        for r in sorted(rest, key=lambda r: r["_path"]):
+            parts.append(f"- `{os.path.basename(r['_path'])}` — {r['suite']} {r.get('mode') or ''} — "
+                         f"{r.get('date', '?')} — `{r.get('command', '?')}`")
+        parts.append("")
+    text = "\n".join(parts).rstrip() + "\n"
+    os.makedirs(os.path.dirname(os.path.abspath(docs_path)), exist_ok=True)
+    with open(docs_path, "w") as f:
+        f.write(text)
+    return docs_path
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--docs", default=None)
+    a = ap.parse_args()
+    print(render(a.results_dir, a.docs))
+    sys.exit(0)
