@@ -29,11 +29,11 @@ import time
 
 QUICK = dict(batch_sizes=[1, 4], temperatures=[0.0], num_prompts=2, max_new_tokens=64,
              chain_k=[4], trees=["4x4x16"], long_lengths=[1024], long_per_length=1, rounds=1,
-             datasets=["humaneval", "sharegpt"])
+             datasets=["humaneval", "sharegpt"], peer_batches=1, sharegpt_max_tokens=256)
 FULL = dict(batch_sizes=[1, 4, 16], temperatures=[0.0, 0.7], num_prompts=8, max_new_tokens=128,
             chain_k=[2, 4, 6], trees=["4x4x16", "6x5x32", "10x7x60"],
             long_lengths=[1024, 2048, 4096, 7168], long_per_length=2, rounds=2,
-            datasets=["humaneval", "sharegpt"])
+            datasets=["humaneval", "sharegpt"], peer_batches=None, sharegpt_max_tokens=256)
 
 
 def _ints(s: str) -> list[int]:
@@ -73,6 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds per workload")
     p.add_argument("--peers", type=_strs, default=["transformers", "transformers-pld", "llama.cpp"],
                    help="peer engines (transformers, transformers-pld, llama.cpp); 'none' for none")
+    p.add_argument("--peer-threads", default="auto",
+                   help="peer threads: 'auto' (calibrate 1 vs all cores, keep the faster) or a number")
+    p.add_argument("--peer-batches", type=int, default=None,
+                   help="peers run on the first N batch-1 prompts of each dataset (quick: 1; full: all)")
+    p.add_argument("--sharegpt-max-tokens", type=int, default=None,
+                   help="longest ShareGPT first turn kept, chat tokens (default 256)")
     p.add_argument("--cold-cache", action="store_true",
                    help="compile into a fresh persistent-cache directory (compile_s = real compiles)")
     p.add_argument("--seed", type=int, default=0)
@@ -210,12 +216,17 @@ def run_speed(args, log) -> dict:
     suite = ds.build_suite(target.tokenizer,
                            humaneval=n_short if "humaneval" in st["datasets"] else 0,
                            sharegpt=n_short if "sharegpt" in st["datasets"] else 0,
-                           long_lengths=st["long_lengths"], long_per_length=st["long_per_length"])
+                           long_lengths=st["long_lengths"], long_per_length=st["long_per_length"],
+                           sharegpt_max_tokens=st["sharegpt_max_tokens"])
     result["datasets"] = ds.summarize_suite(suite)
     log(f"prompt sets built in {time.perf_counter() - t0:.1f}s: "
         + ", ".join(f"{k} {len(v)}" for k, v in suite.items()))
 
     peer_names: list[str] = []
+
+    def encode_text(text):
+        return engines["plain"].gen.encode_prompts([text])[0]
+
     if args.peers and args.peers != ["none"]:
         from eagle_jax.benchmarks import peers as P
 
@@ -223,6 +234,13 @@ def run_speed(args, log) -> dict:
         n_ctx = 512 * -(-(longest + st["max_new_tokens"] + 64) // 512)
         peer_engines, peer_status = P.build_peers(smollm2_gguf_path(), engines["plain"].gen.eos_ids(),
                                                   which=args.peers, n_ctx=n_ctx, log=log)
+        if args.peer_threads == "auto":
+            probe = encode_text(suite[st["datasets"][0]][0].text)
+            for e in peer_engines.values():
+                P.calibrate_threads(e, probe, log=log)
+        elif args.peer_threads:
+            for e in peer_engines.values():
+                e.set_threads(int(args.peer_threads))
         engines.update(peer_engines)
         peer_names = list(peer_engines)
         result["peers"] = peer_status
@@ -236,9 +254,12 @@ def run_speed(args, log) -> dict:
             for name in st["datasets"]:
                 prompts = suite[name][:max(st["num_prompts"], b)]
                 # the peers (batch 1, greedy) join the batch-1 greedy workloads, interleaved
-                names = base_names + (peer_names if b == 1 and temp == 0.0 else [])
+                with_peers = b == 1 and temp == 0.0
+                names = base_names + (peer_names if with_peers else [])
+                limits = ({n: st["peer_batches"] for n in peer_names}
+                          if with_peers and st["peer_batches"] else {})
                 workloads.append(H.Workload(f"{name}/b{b}/T{temp:g}", name, b, temp, st["max_new_tokens"],
-                                            prompts, names, group="short"))
+                                            prompts, names, group="short", max_batches=limits))
     for length in st["long_lengths"]:
         prompts = [p for p in suite.get("long", []) if p.meta["target_tokens"] == length]
         workloads.append(H.Workload(f"long/{length}/b1/T0", "long", 1, 0.0, st["max_new_tokens"], prompts,

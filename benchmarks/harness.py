@@ -278,6 +278,7 @@ class Workload:
     engines: list[str]  # engine names; the first is the baseline
     group: str = ""  # workloads of one group (and batch size) share compiled shapes
     context_tokens: int | None = None  # long-context target length
+    max_batches: dict = field(default_factory=dict)  # engine -> run only its first N batches
 
     def batches(self) -> list[list[Prompt]]:
         b = self.batch_size
@@ -343,13 +344,15 @@ def run_workload(w: Workload, engines: dict, encode, *, rounds: int, shape: dict
         order = names if r % 2 == 0 else names[::-1]
         for bi, batch_ids in enumerate(ids):
             run_seed = seed + 1000 * r + bi
-            for n in order:
+            active = [n for n in order if bi < w.max_batches.get(n, len(ids))]
+            for n in active:
                 rec = engines[n].run(batch_ids, w.max_new_tokens, w.temperature, run_seed)
                 runs[n].append({"round": r, "batch": bi, "wall_s": rec.wall_s, "ttft_s": rec.ttft_s,
                                 "tokens": [len(t) for t in rec.token_ids], "stats": rec.stats,
                                 "token_ids": rec.token_ids})
                 memory[n] = peak_memory()
-            line = ", ".join(f"{n} {sum(runs[n][-1]['tokens']) / runs[n][-1]['wall_s']:.1f}" for n in names)
+            line = ", ".join(f"{n} {sum(runs[n][-1]['tokens']) / runs[n][-1]['wall_s']:.1f}" for n in names
+                             if n in active)
             log(f"{w.name}: round {r} batch {bi}: tok/s {line}")
     base = names[0]
     out_engines = {}
@@ -405,11 +408,14 @@ def _aggregate_acceptance(runs: list[dict]) -> dict | None:
 
 
 def summarize_engine(runs: list[dict], base_runs: list[dict], *, greedy: bool, is_baseline: bool) -> dict:
+    """Totals of `runs`; speedups against the baseline's runs of the same (round, batch) only."""
     tokens = sum(sum(r["tokens"]) for r in runs)
     wall = sum(r["wall_s"] for r in runs)
     per_request = [t / r["wall_s"] for r in runs for t in r["tokens"]]
-    base_tokens = sum(sum(r["tokens"]) for r in base_runs)
-    base_wall = sum(r["wall_s"] for r in base_runs)
+    keys = {(r["round"], r["batch"]) for r in runs}
+    matched = [r for r in base_runs if (r["round"], r["batch"]) in keys]
+    base_tokens = sum(sum(r["tokens"]) for r in matched)
+    base_wall = sum(r["wall_s"] for r in matched)
     total_tps = tokens / wall if wall else 0.0
     base_tps = base_tokens / base_wall if base_wall else 0.0
     by_key = {(r["round"], r["batch"]): r for r in base_runs}
@@ -431,6 +437,7 @@ def summarize_engine(runs: list[dict], base_runs: list[dict], *, greedy: bool, i
         "tokens_per_s_total": total_tps,
         "tokens_per_s_per_request": statistics.mean(per_request) if per_request else 0.0,
         "tokens_per_s_median_run": statistics.median(sum(r["tokens"]) / r["wall_s"] for r in runs),
+        "baseline_tokens_per_s_matched": base_tps,
         "speedup": 1.0 if is_baseline else (total_tps / base_tps if base_tps else None),
         "speedup_paired_median": 1.0 if is_baseline else (statistics.median(paired) if paired else None),
         "speedup_paired_min": None if is_baseline or not paired else min(paired),

@@ -13,7 +13,15 @@
 Every peer takes the prompt as the token ids eagle-jax encoded (same chat
 template, same tokenizer), decodes greedily at batch 1, stops at the same end
 tokens and is timed from the call to the last token (TTFT: to the first
-generated token). Every peer uses all cores the process may use.
+generated token).
+
+Threads: with `threads="auto"` (the default) each peer is calibrated once on
+a short greedy run at 1 thread and at every core the process may use, and
+keeps the faster setting (recorded with both rates). On a shared machine a
+2-thread OpenMP (PyTorch) or ggml thread pool can be several times slower
+than 1 thread when other jobs hold the cores, so a fixed thread count would
+measure the contention rather than the engine. eagle-jax keeps XLA's
+default thread pool (not tuned), which favours the peers, if anything.
 """
 
 from __future__ import annotations
@@ -82,6 +90,11 @@ class TransformersEngine:
         self.model = model
         self.eos_ids = list(eos_ids)
         self.prompt_lookup = prompt_lookup
+        self.threads = None  # None: leave torch's setting alone
+        self.calibration = None
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
 
     def describe(self) -> dict:
         import torch
@@ -91,7 +104,7 @@ class TransformersEngine:
                 "setting": f"prompt_lookup_num_tokens={self.prompt_lookup}" if self.prompt_lookup else None,
                 "dtype": "float32", "weights": "GGUF Q4_1 dequantised (gguf_file=)",
                 "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
-                "threads": torch.get_num_threads()}
+                "threads": self.threads or torch.get_num_threads(), "thread_calibration": self.calibration}
 
     def run(self, ids, max_new_tokens, temperature, seed) -> RunRecord:
         import torch
@@ -100,6 +113,8 @@ class TransformersEngine:
             raise ValueError("the transformers peer runs batch 1 only")
         if temperature != 0:
             raise ValueError("the transformers peer is benchmarked greedy only")
+        if self.threads:
+            torch.set_num_threads(self.threads)  # global in torch: both transformers peers set theirs
         x = torch.tensor([ids[0]], dtype=torch.long)
         timer = _FirstTokenTimer()
         kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
@@ -200,6 +215,14 @@ class LlamaCppEngine:
                                        n_threads=_threads(), n_threads_batch=_threads(),
                                        draft_model=draft, verbose=False, seed=0)
         self.eos_ids.add(int(self.llm.token_eos()))
+        self.threads = _threads()
+        self.calibration = None
+
+    def set_threads(self, n: int) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_set_n_threads(self.llm._ctx.ctx, n, n)
+        self.threads = n
 
     def describe(self) -> dict:
         import llama_cpp
@@ -207,7 +230,8 @@ class LlamaCppEngine:
         return {"engine": self.kind, "method": "prompt-lookup" if self.prompt_lookup else "plain",
                 "setting": f"num_pred_tokens={self.prompt_lookup}" if self.prompt_lookup else None,
                 "dtype": self.precision, "weights": os.path.basename(self.model_path),
-                "versions": {"llama_cpp_python": llama_cpp.__version__}, "threads": _threads()}
+                "versions": {"llama_cpp_python": llama_cpp.__version__}, "threads": self.threads,
+                "thread_calibration": self.calibration}
 
     def run(self, ids, max_new_tokens, temperature, seed) -> RunRecord:
         if len(ids) != 1:
@@ -230,6 +254,23 @@ class LlamaCppEngine:
 
 
 # ----------------------------------------------------------------------------- assembly
+
+
+def calibrate_threads(engine, ids: list[int], *, tokens: int = 16, log=print) -> dict:
+    """Time a short greedy run at 1 thread and at all cores; keep the faster. Returns {threads: tok/s}."""
+    candidates = sorted({1, _threads()})
+    rates = {}
+    for n in candidates:
+        engine.set_threads(n)
+        engine.run([ids], 2, 0.0, 0)  # warm-up at this setting
+        r = engine.run([ids], tokens, 0.0, 0)
+        rates[n] = len(r.token_ids[0]) / r.wall_s
+    best = max(rates, key=rates.get)
+    engine.set_threads(best)
+    engine.calibration = {str(k): v for k, v in rates.items()}
+    log(f"{engine.name}: threads {best} (calibration tok/s {', '.join(f'{k}: {v:.1f}' for k, v in rates.items())})")
+    return rates
+
 
 
 def build_peers(gguf_path: str, eos_ids, *, which=("transformers", "transformers-pld", "llama.cpp"),

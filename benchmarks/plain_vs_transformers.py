@@ -119,16 +119,35 @@ def memory_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> dict:
     return {"array_mb": mb, "numpy_copy_gbs": numpy_gbs, "xla_add_gbs": xla_gbs}
 
 
+def _time(f, *args, repeats: int = 20) -> float:
+    """Median ms of f(*args) (jitted), after one warm-up call."""
+    import jax
+
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
+
+
 def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
-    """Median time of one jitted target step (batch 1, 1 token, lm_head included)."""
+    """Where one decode step's time goes (batch 1, one token, float32).
+
+    * the full step (target.forward + final norm + lm_head + argmax) at the
+      loop's cache length and at longer caches (attention reads every slot);
+    * the same step's weight matmuls alone (a scan over the layers doing
+      x @ wqkv, x @ wo, x @ w_gate_up, x @ w_down, then the lm_head), the
+      part a weight-read roofline describes;
+    * the lm_head matmul alone (the tied 49152 x 576 embedding, 21 % of the bytes).
+    """
     import jax
     import jax.numpy as jnp
 
     from eagle_jax.models import target
 
     cfg, params = gen.target_cfg, gen.target_params
-    cache = target.create_cache(cfg, 1, cache_len, params["embed"].dtype)
-    cache = cache.replace(lengths=jnp.array([len(ids[0]) + 64], jnp.int32))
 
     @jax.jit
     def one(params, tok, pos, cache):
@@ -136,17 +155,33 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
         return jnp.argmax(target.logits(params, cfg, h[:, 0]), -1), cache
 
     tok = jnp.array([[ids[0][-1]]], jnp.int32)
-    pos = cache.lengths[:, None]
-    one(params, tok, pos, cache)[0].block_until_ready()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        one(params, tok, pos, cache)[0].block_until_ready()
-        ts.append(time.perf_counter() - t0)
+    out = {}
+    for n in sorted({cache_len, 1024, 4096}):
+        cache = target.create_cache(cfg, 1, n, params["embed"].dtype)
+        cache = cache.replace(lengths=jnp.array([min(len(ids[0]) + 64, n - 2)], jnp.int32))
+        out[f"step_ms_cache_{n}"] = _time(one, params, tok, cache.lengths[:, None], cache, repeats=repeats)
+    out["step_ms_median"] = out[f"step_ms_cache_{cache_len}"]
+
+    @jax.jit
+    def matmuls(params, x):
+        def body(x, p):
+            q = jnp.dot(x, p["wqkv"])[:, :cfg.q_size]
+            x = x + jnp.dot(q, p["wo"])
+            gu = jnp.dot(x, p["w_gate_up"])
+            x = x + jnp.dot(gu[:, :cfg.intermediate_size] * gu[:, cfg.intermediate_size:], p["w_down"])
+            return x * 0.5, None
+
+        x, _ = jax.lax.scan(body, x, params["layers"])
+        return jnp.argmax(jnp.dot(x, target.lm_head_weight(params, cfg)), -1)
+
+    x = jnp.ones((1, cfg.hidden_size), params["embed"].dtype) * 0.01
+    out["matmuls_only_ms"] = _time(matmuls, params, x, repeats=repeats)
+    head = jax.jit(lambda w, x: jnp.argmax(jnp.dot(x, w), -1))
+    out["lm_head_only_ms"] = _time(head, target.lm_head_weight(params, cfg), x, repeats=repeats)
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cache_len * cfg.head_dim * 4
-    return {"step_ms_median": 1e3 * statistics.median(ts), "step_ms_min": 1e3 * min(ts),
-            "weight_bytes": nbytes, "kv_cache_bytes_read": kv_bytes, "cache_len": cache_len}
+    out.update({"weight_bytes": nbytes, "kv_cache_bytes_read": kv_bytes, "cache_len": cache_len})
+    return out
 
 
 def run(args) -> dict:
@@ -187,6 +222,11 @@ def run(args) -> dict:
     result["transformers_load_s"] = time.perf_counter() - t0
     hf = P.TransformersEngine("transformers", model, gen.eos_ids())
     hf.run(ids, 8, 0.0, 0)  # warm-up (allocator, kernels)
+    # threads: the faster of 1 and all cores (see benchmarks/peers.py; on a shared
+    # machine 2 OpenMP threads can be several times slower than 1)
+    P.calibrate_threads(hf, ids[0], log=log)
+    result["transformers_threads"] = hf.threads
+    result["transformers_thread_calibration"] = hf.calibration
     rows = []
     for r in range(args.rounds):
         pair = {}

@@ -107,6 +107,11 @@ def _plt():
 
 def render_plain_vs_transformers(r: dict) -> str:
     out = [f"### Plain greedy decoding: eagle-jax vs transformers ({r.get('date', '?')[:10]})", "", caption(r), ""]
+    la = (r.get("machine") or {}).get("load_average")
+    if la:
+        out.append(f"Load average when the run started: {', '.join(f'{x:.1f}' for x in la)} "
+                   f"(1, 5, 15 min) on {r['machine'].get('cpu_affinity') or r['machine'].get('cpu_count')} cores.")
+        out.append("")
     s = r.get("settings", {})
     out.append(f"SmolLM2-135M-Instruct, float32 weights from the same GGUF in both engines, batch 1, greedy, "
                f"{s.get('max_new_tokens')} new tokens, a {s.get('prompt_tokens')}-token chat prompt, "
@@ -115,7 +120,9 @@ def render_plain_vs_transformers(r: dict) -> str:
     ratio = r.get("ratio_paired_median")
     rows = [
         ["eagle-jax plain tokens/s (median)", fmt(r.get("eagle_jax_tokens_per_s"), 1), ""],
-        ["transformers `generate` tokens/s (median)", fmt(r.get("transformers_tokens_per_s"), 1), ""],
+        ["transformers `generate` tokens/s (median)", fmt(r.get("transformers_tokens_per_s"), 1),
+         f"{r.get('transformers_threads') or '?'} thread(s); calibration tok/s by threads: "
+         f"{r.get('transformers_thread_calibration') or '–'}"],
         ["ratio eagle-jax / transformers (paired median)", fmt(ratio), f">= {fmt(r.get('target_ratio'), 1)}: "
          + ("met" if r.get("ratio_target_met") else "**not met**")],
         ["ratio of medians", fmt(r.get("ratio_of_medians")), ""],
@@ -159,6 +166,11 @@ def render_plain_vs_transformers(r: dict) -> str:
         out.append("")
         out.append(table(["quantity", "value"], [
             ["one jitted target step, isolated (median ms)", fmt(p.get("step_ms_median"), 1)],
+            *[[f"same step with a {k.rsplit('_', 1)[1]}-slot KV cache (ms)", fmt(v, 1)]
+              for k, v in sorted(p.items(), key=lambda kv: int(kv[0].rsplit('_', 1)[1]) if kv[0].startswith("step_ms_cache_") else 0)
+              if k.startswith("step_ms_cache_") and int(k.rsplit("_", 1)[1]) != p.get("cache_len")],
+            ["weight matmuls only, 30 layers + lm_head (ms)", fmt(p.get("matmuls_only_ms"), 1)],
+            ["lm_head matmul only (ms)", fmt(p.get("lm_head_only_ms"), 1)],
             ["per token inside the decoding loop (ms)", fmt(p.get("loop_ms_per_token"), 1)],
             ["transformers per token (ms)", fmt(p.get("transformers_ms_per_token"), 1)],
             ["bytes read per step (weights + KV cache, MB)",
@@ -210,7 +222,9 @@ def render_speed(r: dict, docs_path: str) -> str:
     for w in r.get("workloads", []):
         out.append(f"**{w['name']}** — {w['num_prompts']} prompts ({w['num_batches']} batches of "
                    f"{w['batch_size']}), prompt tokens {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])}, "
-                   f"T={w['temperature']:g}, {w['max_new_tokens']} new tokens, {w['rounds']} round(s)")
+                   f"T={w['temperature']:g}, {w['max_new_tokens']} new tokens, {w['rounds']} round(s)"
+                   + (f", load average {w['load_average_start'][0]:.1f} at start"
+                      if w.get("load_average_start") else ""))
         out.append("")
         out.append(caption(r))
         out.append("")
@@ -244,7 +258,10 @@ def render_speed(r: dict, docs_path: str) -> str:
         out.append(caption(r))
         out.append("")
         out.append(table(["engine", "weights / dtype", "method", "tokens", "tok/s", "÷ eagle-jax plain",
-                          "eagle-jax plain ÷ engine", "best eagle-jax speculative ÷ engine"], peer_rows))
+                          "eagle-jax plain ÷ engine", "best eagle-jax speculative ÷ engine",
+                          "same tokens as eagle-jax plain", "threads (calibration tok/s)"], peer_rows))
+        out.append("")
+        out.append("Ratios use only the runs both engines made (same prompts, same round).")
         out.append("")
     figs = speed_figures(r)
     for title, path in figs:
@@ -253,28 +270,54 @@ def render_speed(r: dict, docs_path: str) -> str:
     return "\n".join(out)
 
 
+def _matched_tps(ws: list[dict], a: str, b: str) -> tuple[float | None, float | None]:
+    """Pooled tokens/s of engines a and b over the (workload, round, batch) runs both made."""
+    ta = wa = tb = wb = 0.0
+    for w in ws:
+        ea, eb = w["engines"].get(a), w["engines"].get(b)
+        if not ea or not eb:
+            continue
+        rb = {(x["round"], x["batch"]): x for x in eb.get("runs", [])}
+        for x in ea.get("runs", []):
+            y = rb.get((x["round"], x["batch"]))
+            if y is None:
+                continue
+            ta += sum(x["tokens"])
+            wa += x["wall_s"]
+            tb += sum(y["tokens"])
+            wb += y["wall_s"]
+    return (ta / wa if wa else None), (tb / wb if wb else None)
+
+
 def peers_summary(r: dict) -> list[list]:
-    """Pooled tokens/s of every engine over the workloads where peers ran."""
+    """Pooled tokens/s of every engine over the workloads where peers ran, with matched ratios."""
     ws = [w for w in r.get("workloads", [])
           if any(e.get("engine") != "eagle-jax" for e in w["engines"].values())]
     if not ws:
         return []
-    pooled: dict = {}
+    info: dict = {}
     for w in ws:
         for name, e in w["engines"].items():
-            t, s, _ = pooled.get(name, (0, 0.0, e))
-            pooled[name] = (t + e.get("tokens", 0), s + e.get("wall_s", 0.0), e)
-    tps = {n: (t / s if s else 0.0) for n, (t, s, _) in pooled.items()}
-    plain = tps.get("plain")
-    spec = [n for n, (_, _, e) in pooled.items() if e.get("engine") == "eagle-jax" and n != "plain"]
-    best = max(spec, key=lambda n: tps[n]) if spec else None
+            t, s, _ = info.get(name, (0, 0.0, e))
+            info[name] = (t + e.get("tokens", 0), s + e.get("wall_s", 0.0), e)
+    spec = [n for n, (_, _, e) in info.items() if e.get("engine") == "eagle-jax" and n != "plain"]
     rows = []
-    for n, (t, s, e) in pooled.items():
-        v = tps[n]
+    for n, (t, s, e) in info.items():
+        v = t / s if s else None
+        x, plain = _matched_tps(ws, n, "plain")
+        best_cell = "–"
+        if spec and n not in spec and n != "plain":
+            best = max(spec, key=lambda m: _matched_tps(ws, m, n)[0] or 0.0)
+            bx, by = _matched_tps(ws, best, n)
+            if bx and by:
+                best_cell = f"{fmt(bx / by)} (`{best}`)"
         rows.append([f"`{n}`", f"{e.get('weights') or ''} {e.get('dtype') or ''}".strip(),
                      e.get("setting") or e.get("method", ""), t, fmt(v, 1),
-                     fmt(v / plain if plain else None), fmt(plain / v if v and plain else None),
-                     (f"{fmt(tps[best] / v)} (`{best}`)" if best and v else "–")])
+                     fmt(x / plain if x and plain else None), fmt(plain / x if x and plain else None),
+                     best_cell, fmt(e.get("greedy_match_rate")),
+                     f"{e.get('threads') or 'XLA default'}"
+                     + (f" ({', '.join(f'{k}: {v:.1f}' for k, v in e['thread_calibration'].items())})"
+                        if e.get("thread_calibration") else "")])
     return rows
 
 

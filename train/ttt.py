@@ -53,10 +53,7 @@ import jax.numpy as jnp
 
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
-from eagle_jax.kernels import fused_norm_matmul
 from eagle_jax.models import drafter
-from eagle_jax.models.layers import linear, split_heads, swiglu_mlp
-from eagle_jax.nn import apply_rope, rms_norm, rope_tables
 
 __all__ = ["step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
 
@@ -127,7 +124,9 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
                 return _ttt_attention(q, k, v, mask0, [], [])
             return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v])
 
-        logits, hidden, k, v = _drafter_layer(dparams, dcfg, tokens, hidden, positions, embed, attend, impl)
+        h, k, v = drafter.layer_forward(dparams, dcfg, tokens, hidden, positions, attend,
+                                        embed=embed, impl=impl)
+        logits, hidden = drafter.head(dparams, dcfg, h, impl=impl)
         if i == 0:
             k0, v0 = k, v
         else:
@@ -140,32 +139,6 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
 def _check_length(num_steps: int, t: int) -> None:
     if num_steps < 1 or num_steps > t - 2:
         raise ValueError(f"ttt length {num_steps} must be in [1, T-2] for T={t}")
-
-
-def _drafter_layer(params, cfg: DrafterConfig, tokens, hidden, positions, embed, attend, impl):
-    """`drafter.step`'s computation with the attention supplied by `attend(q, k, v)`
-    (q/k rotated, [B, T, H*, D]) -> (logits f32, feedback, k, v)."""
-    layer = params["layer"]
-    eps = cfg.rms_norm_eps
-    if cfg.has_embedding:
-        embed = params["embed"]
-    elif embed is None:
-        raise ValueError("this drafter has no embed_tokens: pass the target's embedding")
-    e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)
-    residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
-    norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
-    qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
-                            segments=2, bias=layer.get("bqkv"), impl=impl)
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
-    h = residual + linear(attend(q, k, v), layer["wo"], layer.get("bo"))
-    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
-                       eps=eps, impl=impl)
-    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=eps, impl=impl)
-    feedback = rms_norm(h, params["norm"], eps) if cfg.norm_output else h
-    return logits.astype(jnp.float32), feedback, k, v
 
 
 def _ttt_attention(q, k0, v0, mask0, diag_k, diag_v):

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import fused_norm_matmul
-from eagle_jax.models.layers import linear, self_attention, split_heads, swiglu_mlp
-from eagle_jax.nn import rms_norm, rope_tables
+from eagle_jax.models.layers import linear, split_heads, swiglu_mlp
+from eagle_jax.nn import apply_rope, attention, rms_norm, rope_tables
 
 
 @flax.struct.dataclass
@@ -75,6 +75,45 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
     return linear(aux, params["fc"])
 
 
+def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend, *,
+                  embed=None, impl: str = "auto"):
+    """The decoder layer with the attention supplied by `attend(q, k, v) -> [B, T, Hq*D]`
+    (q [B,T,Hq,D] and k/v [B,T,Hkv,D] already rotated). Shared by `step` and the
+    training-time-test unroll (train/ttt.py), which attends differently.
+
+    Returns (h [B, T, H] before the final norm, k, v).
+    """
+    layer = params["layer"]
+    eps = cfg.rms_norm_eps
+    if cfg.has_embedding:
+        embed = params["embed"]
+    elif embed is None:
+        raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
+    e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)
+    residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
+    # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
+    norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
+    qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
+                            segments=2, bias=layer.get("bqkv"), impl=impl)
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    h = residual + linear(attend(q, k, v), layer["wo"], layer.get("bo"))
+    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
+                       eps=eps, impl=impl)
+    return h, k, v
+
+
+def head(params, cfg: DrafterConfig, h, *, impl: str = "auto"):
+    """h [..., H] -> (draft logits float32 [..., Vd], feedback [..., H]).
+
+    The feedback is h itself (EAGLE-3) or norm(h) with `norm_output` (EAGLE 3.1).
+    """
+    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=cfg.rms_norm_eps, impl=impl)
+    feedback = rms_norm(h, params["norm"], cfg.rms_norm_eps) if cfg.norm_output else h
+    return logits.astype(jnp.float32), feedback
+
+
 def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
          embed=None, mask=None, slot_mask=None, logits_at=None, impl: str = "auto"):
     """One drafter layer pass over T new positions per row.
@@ -87,32 +126,19 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     computes the logits at one position per row only (then [B, 1, Vd]).
     Returns (draft logits float32 [B, T, Vd], feedback [B, T, H], cache).
     """
-    layer = params["layer"]
-    eps = cfg.rms_norm_eps
-    if cfg.has_embedding:
-        embed = params["embed"]
-    elif embed is None:
-        raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
     b, t = tokens.shape
-    e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)
-    residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
-    # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
-    norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
-    qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
-                            segments=2, bias=layer.get("bqkv"), impl=impl)
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     if slot_mask is None:
         slot_mask = committed_mask(cache.lengths, cache.max_len, t)
-    attn, k, v = self_attention(q, k, v, cos, sin, cache.k[0], cache.v[0], slot_mask,
-                                causal_mask(b, t) if mask is None else mask)
-    h = residual + linear(attn, layer["wo"], layer.get("bo"))
-    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
-                       eps=eps, impl=impl)
-    h_out = h if logits_at is None else jnp.take_along_axis(h, logits_at[:, None, None], axis=1)
-    logits = fused_norm_matmul(h_out, params["norm"], params["lm_head"], eps=eps, impl=impl)
-    feedback = rms_norm(h, params["norm"], eps) if cfg.norm_output else h
-    return logits.astype(jnp.float32), feedback, cache.write(k[None], v[None])
+    new_mask = causal_mask(b, t) if mask is None else mask
+
+    def attend(q, k, v):
+        return attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
+
+    h, k, v = layer_forward(params, cfg, tokens, hidden, positions, attend, embed=embed, impl=impl)
+    logits, _ = head(params, cfg, h if logits_at is None else
+                     jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
+    _, feedback = head(params, cfg, h, impl=impl) if cfg.norm_output else (None, h)
+    return logits, feedback, cache.write(k[None], v[None])
 
 
 def to_target_logits(draft_logits: jax.Array, vocab: DraftVocab) -> jax.Array:

@@ -292,7 +292,7 @@ def test_config_errors_and_overrides(tmp_path):
 # ----------------------------------------------------------------------------- end to end
 
 def test_training_improves_acceptance(setup, tmp_path):
-    """A few hundred steps: loss falls, and tau through the real engine beats the untrained drafter."""
+    """200 steps: loss falls, and tau through the real engine beats the untrained drafter."""
     from eagle_jax.convert.drafter_formats import load_drafter
     from eagle_jax.train.trainer import Trainer, read_log
 
@@ -300,7 +300,7 @@ def test_training_improves_acceptance(setup, tmp_path):
     train, _ = greedy_examples(tparams, 96, seed=2)
     _, held = greedy_examples(tparams, 6, seed=99)
     vocab = make_vocab(train)
-    cfg = small_cfg(tmp_path, steps=300, batch_size=8, lr=2e-3, warmup_steps=20, save_every=300,
+    cfg = small_cfg(tmp_path, steps=200, batch_size=8, lr=2e-3, warmup_steps=20, save_every=200,
                     eval_every=0, eval_at_start=True, eval_prompts=6, eval_max_new_tokens=40,
                     eval_k=4, export=True, export_dtype="float32")
     tr = Trainer(cfg, TCFG, tparams, train, vocab, eval_prompts=held)
