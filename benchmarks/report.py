@@ -122,7 +122,8 @@ def render_plain_vs_transformers(r: dict) -> str:
         ["eagle-jax plain tokens/s (median)", fmt(r.get("eagle_jax_tokens_per_s"), 1), ""],
         ["transformers `generate` tokens/s (median)", fmt(r.get("transformers_tokens_per_s"), 1),
          f"{r.get('transformers_threads') or '?'} thread(s); calibration tok/s by threads: "
-         f"{r.get('transformers_thread_calibration') or '–'}"],
+         + (", ".join(f"{k}: {v:.1f}" for k, v in r["transformers_thread_calibration"].items())
+            if r.get("transformers_thread_calibration") else "–")],
         ["ratio eagle-jax / transformers (paired median)", fmt(ratio), f">= {fmt(r.get('target_ratio'), 1)}: "
          + ("met" if r.get("ratio_target_met") else "**not met**")],
         ["ratio of medians", fmt(r.get("ratio_of_medians")), ""],
@@ -166,9 +167,8 @@ def render_plain_vs_transformers(r: dict) -> str:
         out.append("")
         out.append(table(["quantity", "value"], [
             ["one jitted target step, isolated (median ms)", fmt(p.get("step_ms_median"), 1)],
-            *[[f"same step with a {k.rsplit('_', 1)[1]}-slot KV cache (ms)", fmt(v, 1)]
-              for k, v in sorted(p.items(), key=lambda kv: int(kv[0].rsplit('_', 1)[1]) if kv[0].startswith("step_ms_cache_") else 0)
-              if k.startswith("step_ms_cache_") and int(k.rsplit("_", 1)[1]) != p.get("cache_len")],
+            *[[f"decoding loop per token, {k}-slot KV-cache buffer (ms)", fmt(v, 1)]
+              for k, v in sorted((p.get("loop_ms_per_token_by_cache_len") or {}).items(), key=lambda kv: int(kv[0]))],
             ["weight matmuls only, 30 layers + lm_head (ms)", fmt(p.get("matmuls_only_ms"), 1)],
             ["lm_head matmul only (ms)", fmt(p.get("lm_head_only_ms"), 1)],
             ["per token inside the decoding loop (ms)", fmt(p.get("loop_ms_per_token"), 1)],
@@ -220,7 +220,7 @@ def render_speed(r: dict, docs_path: str) -> str:
                "engine's runs (monotonic over the run).")
     out.append("")
     for w in r.get("workloads", []):
-        out.append(f"**{w['name']}** — {w['num_prompts']} prompts ({w['num_batches']} batches of "
+        out.append(f"**{w['name']}** — {w['num_prompts']} prompts ({w['num_batches']} batch(es) of "
                    f"{w['batch_size']}), prompt tokens {min(w['prompt_tokens'])}–{max(w['prompt_tokens'])}, "
                    f"T={w['temperature']:g}, {w['max_new_tokens']} new tokens, {w['rounds']} round(s)"
                    + (f", load average {w['load_average_start'][0]:.1f} at start"

@@ -186,16 +186,21 @@ class Generator:
         ids, lc, args, static = self._prepare([prompt], max_new_tokens, sampling, seed, chat)
         state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
         shown = ""
+        # Text that could still turn out to start a stop string is held back.
+        holdback = max((len(s) for s in stop if s), default=1) - 1
         while True:
             n = int(state.num_generated[0])
             text = self.tokenizer.decode(np.asarray(state.out[0, :n]).tolist(), skip_special_tokens=True)
             cut = _first_stop(text, stop)
+            final = cut is not None or bool(state.done[0])
             if cut is not None:
                 text = text[:cut]
+            elif not final and holdback:
+                text = text[:max(len(text) - holdback, len(shown))]
             if len(text) > len(shown) and not text.endswith("\ufffd"):
                 yield text[len(shown):]
                 shown = text
-            if cut is not None or bool(state.done[0]):
+            if final:
                 return
             state = loop.step_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
 
