@@ -527,6 +527,20 @@ ids greedily at batch 1.
 """
 
 
+def _brief(r: dict) -> str:
+    """A one-line gist of an older result (so superseded numbers keep their context)."""
+    if r["suite"] == "plain_vs_transformers" and r.get("ratio_paired_median") is not None:
+        threads = r.get("transformers_threads") or "torch default"
+        return (f" — ratio {r['ratio_paired_median']:.2f} (eagle-jax {fmt(r.get('eagle_jax_tokens_per_s'), 1)} vs "
+                f"transformers {fmt(r.get('transformers_tokens_per_s'), 1)} tok/s, transformers threads: {threads})")
+    if r["suite"] == "speed":
+        peers = r.get("workloads") and any(e.get("thread_calibration") for w in r["workloads"]
+                                           for e in w["engines"].values())
+        return (f" — {len(r.get('workloads', []))} workloads in {fmt(r.get('total_s'), 0)} s"
+                + ("" if peers else "; peers at their default thread count"))
+    return ""
+
+
 def render(results_dir: str | None = None, docs_path: str | None = None) -> str:
     results_dir = results_dir or RESULTS_DIR
     docs_path = docs_path or DEFAULT_DOCS
@@ -551,7 +565,7 @@ def render(results_dir: str | None = None, docs_path: str | None = None) -> str:
         parts.append("## Older result files\n")
         for r in sorted(rest, key=lambda r: r["_path"]):
             parts.append(f"- `{os.path.basename(r['_path'])}` — {r['suite']} {r.get('mode') or ''} — "
-                         f"{r.get('date', '?')} — `{r.get('command', '?')}`")
+                         f"{r.get('date', '?')} — `{r.get('command', '?')}`{_brief(r)}")
         parts.append("")
     text = "\n".join(parts).rstrip() + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(docs_path)), exist_ok=True)

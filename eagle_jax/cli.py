@@ -28,7 +28,7 @@ def _add_generate(sub):
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: float32 on CPU, bfloat16 on GPU/TPU")
-    p.add_argument("--method", choices=["chain", "tree"], default="chain")
+    p.add_argument("--method", choices=["chain", "tree"], default=SpecConfig.method)
     p.add_argument("--num-speculative-tokens", type=int, default=SpecConfig.num_speculative_tokens)
     p.add_argument("--tree-top-k", type=int, default=SpecConfig.tree_top_k)
     p.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth)
