@@ -47,3 +47,16 @@ def test_smollm2_random_drafter(smollm2, variant, spec, batch):
     out = gen.generate(texts, max_new_tokens=24)
     assert out.token_ids == ref.token_ids
     assert out.stats["num_verify_steps"] > 0
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-eagle3.1", pytest.param("smollm2-135m-eagle3", marks=pytest.mark.slow)])
+def test_bundled_drafter_matches_plain(smollm2, name):
+    """The shipped (trained) drafters load by name and keep greedy output exact."""
+    from eagle_jax.convert.bundled import load_drafter_by_name
+
+    d = load_drafter_by_name(name, smollm2.cfg, "smollm2-135m-instruct")
+    texts = ["Write a Python function that returns the square of a number.", "What is 7 times 8?"]
+    ref = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer).generate(texts, max_new_tokens=24)
+    out = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer, drafter=d).generate(texts, max_new_tokens=24)
+    assert out.token_ids == ref.token_ids
+    assert out.stats["accepted_tokens"] > 0
