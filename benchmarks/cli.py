@@ -27,11 +27,16 @@ import os
 import sys
 import time
 
+from eagle_jax.config import SpecConfig
+
+_DEFAULT_TREE = f"{SpecConfig.tree_top_k}x{SpecConfig.tree_depth}x{SpecConfig.tree_total_tokens}"
+# --quick measures the engine's default chain and tree settings
 QUICK = dict(batch_sizes=[1, 4], temperatures=[0.0], num_prompts=2, max_new_tokens=64,
-             chain_k=[4], trees=["4x4x16"], long_lengths=[1024], long_per_length=1, rounds=1,
+             chain_k=[SpecConfig.num_speculative_tokens], trees=[_DEFAULT_TREE], long_lengths=[1024], long_per_length=1, rounds=1,
              datasets=["humaneval", "sharegpt"], peer_batches=1, sharegpt_max_tokens=256)
 FULL = dict(batch_sizes=[1, 4, 16], temperatures=[0.0, 0.7], num_prompts=8, max_new_tokens=128,
-            chain_k=[2, 4, 6], trees=["4x4x16", "6x5x32", "10x7x60"],
+            chain_k=sorted({2, 4, 6, SpecConfig.num_speculative_tokens}),
+            trees=list(dict.fromkeys([_DEFAULT_TREE, "4x4x16", "6x5x32", "10x7x60"])),
             long_lengths=[1024, 2048, 4096, 7168], long_per_length=2, rounds=2,
             datasets=["humaneval", "sharegpt"], peer_batches=None, sharegpt_max_tokens=256)
 
@@ -158,8 +163,6 @@ def resolve_drafters(args, target, target_name: str, log) -> tuple[list[dict], l
 
 
 def _tree(s: str):
-    from eagle_jax.config import SpecConfig
-
     k, d, n = (int(x) for x in s.lower().split("x"))
     return SpecConfig(method="tree", tree_top_k=k, tree_depth=d, tree_total_tokens=n)
 
@@ -170,7 +173,6 @@ def _tree(s: str):
 def run_speed(args, log) -> dict:
     from eagle_jax.benchmarks import datasets as ds
     from eagle_jax.benchmarks import harness as H
-    from eagle_jax.config import SpecConfig
     from eagle_jax.convert.registry import load_target, smollm2_gguf_path
     from eagle_jax.runtime import default_dtype
 
@@ -235,9 +237,15 @@ def run_speed(args, log) -> dict:
         peer_engines, peer_status = P.build_peers(smollm2_gguf_path(), engines["plain"].gen.eos_ids(),
                                                   which=args.peers, n_ctx=n_ctx, log=log)
         if args.peer_threads == "auto":
+            # one calibration per engine family; the prompt-lookup variant takes its sibling's setting
             probe = encode_text(suite[st["datasets"][0]][0].text)
-            for e in peer_engines.values():
-                P.calibrate_threads(e, probe, log=log)
+            for name, e in peer_engines.items():
+                sibling = peer_engines.get(name[:-len("-pld")]) if name.endswith("-pld") else None
+                if sibling is not None and sibling.calibration:
+                    e.set_threads(sibling.threads)
+                    e.calibration = dict(sibling.calibration, inherited_from=name[:-len("-pld")])
+                else:
+                    P.calibrate_threads(e, probe, log=log)
         elif args.peer_threads:
             for e in peer_engines.values():
                 e.set_threads(int(args.peer_threads))

@@ -289,6 +289,13 @@ def _matched_tps(ws: list[dict], a: str, b: str) -> tuple[float | None, float | 
     return (ta / wa if wa else None), (tb / wb if wb else None)
 
 
+def _calib(c: dict) -> str:
+    parts = [f"{k}: {v:.1f}" for k, v in c.items() if isinstance(v, (int, float))]
+    if c.get("inherited_from"):
+        parts.append(f"from {c['inherited_from']}")
+    return ", ".join(parts)
+
+
 def peers_summary(r: dict) -> list[list]:
     """Pooled tokens/s of every engine over the workloads where peers ran, with matched ratios."""
     ws = [w for w in r.get("workloads", [])
@@ -316,8 +323,7 @@ def peers_summary(r: dict) -> list[list]:
                      fmt(x / plain if x and plain else None), fmt(plain / x if x and plain else None),
                      best_cell, fmt(e.get("greedy_match_rate")),
                      f"{e.get('threads') or 'XLA default'}"
-                     + (f" ({', '.join(f'{k}: {v:.1f}' for k, v in e['thread_calibration'].items())})"
-                        if e.get("thread_calibration") else "")])
+                     + (f" ({_calib(e['thread_calibration'])})" if e.get("thread_calibration") else "")])
     return rows
 
 
