@@ -464,7 +464,8 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
     for ax in axes:
         ax.set_xticks(range(1, depth + 1))
     axes[0].set_xlabel("chain depth")
-    axes[0].set_ylabel("RMS of hidden input")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("RMS of hidden input (log)")
     axes[0].set_title("Hidden-state norm by depth")
     axes[1].set_xlabel("chain depth")
     axes[1].set_ylabel("attention share on first 4 tokens")
