@@ -45,8 +45,31 @@ class RopeConfig:
             raise ConfigError(f"rope_theta must be positive, got {self.theta}")
 
 
+class _AttentionShape:
+    """Shared by the target and drafter configs: GQA head arithmetic."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def _check_heads(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
 @dataclass(frozen=True)
-class TargetConfig:
+class TargetConfig(_AttentionShape):
     """A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
 
     Parameter shapes (see `eagle_jax.models.target`):
@@ -80,19 +103,7 @@ class TargetConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"num_attention_heads ({self.num_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_kv_heads})"
-            )
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
+        self._check_heads()
 
     def default_aux_layers(self) -> tuple[int, int, int]:
         """EAGLE-3 default: residual streams entering layers (2, N//2, N-3)."""
@@ -101,7 +112,7 @@ class TargetConfig:
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DrafterConfig(_AttentionShape):
     """An EAGLE-3 / EAGLE 3.1 drafter: FC over target features + one decoder layer.
 
     `aux_layer_ids` use the vLLM/SafeAILab convention: id i is the residual
@@ -150,11 +161,7 @@ class DrafterConfig:
                 f"draft_vocab_size ({self.draft_vocab_size}) exceeds the target "
                 f"vocab_size ({self.vocab_size})"
             )
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"num_attention_heads ({self.num_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_kv_heads})"
-            )
+        self._check_heads()
 
     @property
     def num_aux(self) -> int:
@@ -163,14 +170,6 @@ class DrafterConfig:
     @property
     def fc_in_size(self) -> int:
         return self.num_aux * self.target_hidden_size
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
 
     @property
     def is_eagle31(self) -> bool:

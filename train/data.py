@@ -690,7 +690,8 @@ def batches(
     batch only to the smallest bucket length holding its longest row (or
     ``seq_len``), bounding the number of distinct shapes a jitted step sees.
     Every batch carries ``"epoch"`` and ``"index"`` (its global cursor) as
-    Python ints.
+    Python ints, and ``"example_indices"`` [B] (positions in ``examples``, -1
+    for empty rows).
     """
     lengths = np.array([min(len(ex["input_ids"]), seq_len) for ex in examples], np.int64)
     per_epoch = num_batches(len(examples), batch_size, drop_last)
@@ -714,6 +715,7 @@ def batches(
                 longest = int(lengths[idx].max()) if len(idx) else 0
                 width = next((b for b in buckets if b >= longest), seq_len)
             b = collate([examples[k] for k in idx], batch_size, width, pad_id=pad_id)
+            b["example_indices"] = np.concatenate([idx, -np.ones(batch_size - len(idx), np.int64)])
             b["epoch"] = epoch
             b["index"] = epoch * per_epoch + j
             yield b

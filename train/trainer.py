@@ -293,30 +293,12 @@ def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: flo
 def iter_batches(examples: Sequence[Mapping], batch_size: int, seq_len: int, *, seed: int = 0,
                  start: int = 0, bucket_lengths: Sequence[int] | None = None,
                  pad_id: int = 0) -> Iterator[dict]:
-    """Endless batches in the exact order of ``data.batches(..., epochs=None)``
-    (same ``batch_plan`` and ``collate``), plus ``example_indices`` [B] (-1 for
-    empty rows) for the feature cache. ``start`` is the global batch cursor."""
-    lengths = np.array([min(len(ex["input_ids"]), seq_len) for ex in examples], np.int64)
-    per_epoch = data_lib.num_batches(len(examples), batch_size, True)
-    if per_epoch == 0:
+    """Endless ``data.batches`` from the global batch cursor ``start``; an
+    error (not silence) when the examples cannot fill one batch."""
+    if data_lib.num_batches(len(examples), batch_size, True) == 0:
         raise ValueError(f"{len(examples)} training examples cannot fill one batch of {batch_size}")
-    buckets = sorted(int(b) for b in bucket_lengths) if bucket_lengths else []
-    epoch, j0 = divmod(start, per_epoch)
-    while True:
-        plan = data_lib.batch_plan(lengths, batch_size, seed, epoch)
-        for j in range(j0, per_epoch):
-            idx = plan[j]
-            width = seq_len
-            if buckets:
-                longest = int(lengths[idx].max()) if len(idx) else 0
-                width = next((b for b in buckets if b >= longest), seq_len)
-            b = data_lib.collate([examples[k] for k in idx], batch_size, width, pad_id=pad_id)
-            b["example_indices"] = np.concatenate([idx, -np.ones(batch_size - len(idx), np.int64)])
-            b["epoch"] = epoch
-            b["index"] = epoch * per_epoch + j
-            yield b
-        epoch += 1
-        j0 = 0
+    return data_lib.batches(examples, batch_size, seq_len, seed=seed, start=start, epochs=None,
+                            bucket_lengths=bucket_lengths, pad_id=pad_id)
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -45,6 +42,7 @@ from eagle_jax.convert.drafter_config import (
     drafter_config_to_native,
     drafter_config_to_speculators,
 )
+from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
 from eagle_jax.models.drafter import DraftVocab
 
@@ -447,28 +445,10 @@ def save_drafter(out_dir: str | os.PathLike, cfg: DrafterConfig, params: dict, v
     to_dict = drafter_config_to_speculators if format == "speculators" else drafter_config_to_native
     config = to_dict(cfg, torch_dtype=torch_dtype)
 
-    parent = out.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    try:
+    with atomic_directory(out) as tmp:
         _fsync_write(tmp / "config.json", (json.dumps(config, indent=2) + "\n").encode())
         save_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
         _fsync_write(tmp / "model.safetensors")
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            old = parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                os.rename(old, out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

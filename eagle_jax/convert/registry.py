@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
+from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.hf import CheckpointError, load_hf_directory, resolve_dtype
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
 from eagle_jax.tokenizer import Tokenizer
@@ -204,21 +205,8 @@ def save_converted(target: LoadedTarget, out_dir: str | os.PathLike, *, dtype=No
             not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise FileExistsError(f"{out_dir} exists and is not an eagle-jax converted target; "
                               "refusing to overwrite it")
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
-        _write_converted(target, tmp, dtype)
-        if os.path.exists(out_dir):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "x"))
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with atomic_directory(out_dir) as tmp:
+        _write_converted(target, os.fspath(tmp), dtype)
     return out_dir
 
 
