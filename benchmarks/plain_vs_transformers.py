@@ -138,7 +138,7 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
     * the full step (target.forward + final norm + lm_head + argmax), isolated;
     * the decoding loop's time per token with KV-cache buffers of 192 ... 8192
       slots and the same short prompt (attention reads every slot of the buffer);
-    * the same step's weight matmuls alone (a scan over the layers doing
+    * the same step's weight matmuls alone (an unrolled loop over the layers doing
       x @ wqkv, x @ wo, x @ w_gate_up, x @ w_down, then the lm_head), the
       part a weight-read roofline describes;
     * the lm_head matmul alone (the tied 49152 x 576 embedding, 21 % of the bytes).
@@ -180,14 +180,12 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
 
     @jax.jit
     def matmuls(params, x):
-        def body(x, p):
+        for p in target.unstack_layers(params)["layers"]:
             q = jnp.dot(x, p["wqkv"])[:, :cfg.q_size]
             x = x + jnp.dot(q, p["wo"])
             gu = jnp.dot(x, p["w_gate_up"])
             x = x + jnp.dot(gu[:, :cfg.intermediate_size] * gu[:, cfg.intermediate_size:], p["w_down"])
-            return x * 0.5, None
-
-        x, _ = jax.lax.scan(body, x, params["layers"])
+            x = x * 0.5
         return jnp.argmax(jnp.dot(x, target.lm_head_weight(params, cfg)), -1)
 
     x = jnp.ones((1, cfg.hidden_size), params["embed"].dtype) * 0.01

@@ -1,4 +1,4 @@
-"""`eagle-jax` command line: generate | convert | train | bench | serve."""
+"""`eagle-jax` command line: generate | convert | train | regenerate | bench | serve."""
 
 from __future__ import annotations
 
@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_convert(sub)
     _optional(sub, "train", "eagle_jax.train.cli", "train an EAGLE-3 / 3.1 drafter")
+    _optional(sub, "regenerate", "eagle_jax.train.regenerate",
+              "rewrite assistant turns with the target (self-distillation data for train)")
     _optional(sub, "bench", "eagle_jax.benchmarks.cli", "benchmarks and the evaluation report")
     _optional(sub, "serve", "eagle_jax.serve.server", "HTTP server around the Generator")
     return parser

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_dtype, enable_compilation_cache
 from eagle_jax.spec import loop
 from eagle_jax.spec.stats import summarize
@@ -58,9 +59,13 @@ class Generator:
     def __init__(self, target_cfg: TargetConfig, target_params, tokenizer=None, *,
                  drafter: tuple[DrafterConfig, dict, object] | None = None,
                  spec: SpecConfig = SpecConfig(), context_limit: int | None = None,
-                 prefill_chunk: int = 512, impl: str = "auto"):
+                 prefill_chunk: int = 512, impl: str = "auto", unroll_layers: bool | None = None):
         self.target_cfg = target_cfg
-        self.target_params = target_params
+        # Per-layer weight buffers (an unrolled layer loop) by default on CPU,
+        # where scanning over stacked weights copies them every step.
+        if unroll_layers is None:
+            unroll_layers = jax.default_backend() == "cpu"
+        self.target_params = target_model.unstack_layers(target_params) if unroll_layers else target_params
         self.tokenizer = tokenizer
         self.drafter_cfg, self.drafter_params, self.vocab = drafter if drafter else (None, None, None)
         if self.drafter_cfg is not None and self.drafter_cfg.vocab_size != target_cfg.vocab_size:

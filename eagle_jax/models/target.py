@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
@@ -24,12 +25,43 @@ def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32)
     return KVCache.create(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
+def unstack_layers(params):
+    """Stacked `layers` (dict of [L, ...]) -> a tuple of L per-layer dicts, each
+    its own buffer. `forward` then runs the layers as an unrolled Python loop
+    instead of `lax.scan`: on CPU, scan copies every layer's weights out of the
+    stacked arrays each step (decode was ~2x slower), while separate buffers
+    feed the matmuls directly. Costs a longer compile; outputs are identical."""
+    layers = params["layers"]
+    if isinstance(layers, tuple):
+        return params
+    # Through host memory: one copy per array, where eager device slicing
+    # compiles and dispatches one op per (leaf, layer).
+    host = jax.tree.map(np.asarray, layers)
+    num = jax.tree.leaves(host)[0].shape[0]
+    return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), host)
+                                      for i in range(num))}
+
+
+def _layer(p, cfg: TargetConfig, h, cos, sin, k_cache, v_cache, cache_mask, new_mask, impl):
+    """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated, v)."""
+    qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
+                            bias=p.get("bqkv"), impl=impl)
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    attn, k, v = self_attention(q, k, v, cos, sin, k_cache, v_cache, cache_mask, new_mask,
+                                q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
+    h = h + linear(attn, p["wo"], p.get("bo"))
+    h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
+    return h, k, v
+
+
 def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=None, *,
             aux_layers: tuple[int, ...] = (), impl: str = "auto"):
     """Run the decoder over T new tokens per row.
 
     tokens, positions: [B, T] int32. mask: None (causal among the new tokens)
     or [B, T, T] bool. Committed cache slots are always visible.
+    `params["layers"]` is either stacked (run under `lax.scan`) or a tuple of
+    per-layer dicts from `unstack_layers` (run as an unrolled loop).
     Returns (hidden [B, T, H] before the final norm, cache with K/V written
     but lengths unchanged, aux [B, T, len(aux_layers) * H] or None), where aux
     concatenates the residual streams entering `aux_layers` in the given order.
@@ -42,32 +74,37 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     cache_mask = committed_mask(cache.lengths, cache.max_len, t)
     new_mask = causal_mask(b, t) if mask is None else mask
-    aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
-    aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
 
-    def layer_body(carry, xs):
-        h, aux = carry
-        p, i = xs
-        hit = aux_ids == i
-        slot = jnp.argmax(hit)
-        aux = aux.at[slot].set(jnp.where(jnp.any(hit), h, aux[slot]))
-        qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
-                                bias=p.get("bqkv"), impl=impl)
-        q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        attn, k, v = self_attention(q, k, v, cos, sin, cache.k[i], cache.v[i], cache_mask, new_mask,
-                                    q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
-        h = h + linear(attn, p["wo"], p.get("bo"))
-        h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"],
-                           eps=cfg.rms_norm_eps, impl=impl)
-        return (h, aux), (k, v)
+    def run_layer(p, h, i):
+        return _layer(p, cfg, h, cos, sin, cache.k[i], cache.v[i], cache_mask, new_mask, impl)
 
-    layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-    (h, aux), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0), (params["layers"], layer_ids))
+    if isinstance(params["layers"], tuple):
+        entering, ks, vs = {}, [], []
+        for i, p in enumerate(params["layers"]):
+            entering[i] = h
+            h, k, v = run_layer(p, h, i)
+            ks.append(k)
+            vs.append(v)
+        k_new, v_new = jnp.stack(ks), jnp.stack(vs)
+        aux = [entering[i] for i in aux_layers]
+    else:
+        aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
+        aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
+
+        def layer_body(carry, xs):
+            h, aux = carry
+            p, i = xs
+            aux = jnp.where((aux_ids == i)[:, None, None, None], h[None], aux)
+            h, k, v = run_layer(p, h, i)
+            return (h, aux), (k, v)
+
+        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+        (h, aux), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0), (params["layers"], layer_ids))
+        aux = list(aux)
     cache = cache.write(k_new, v_new)
     if not aux_layers:
         return h, cache, None
-    aux = jnp.moveaxis(aux, 0, 2).reshape(b, t, len(aux_layers) * cfg.hidden_size)
-    return h, cache, aux
+    return h, cache, jnp.concatenate(aux, axis=-1)
 
 
 def lm_head_weight(params, cfg: TargetConfig) -> jax.Array:

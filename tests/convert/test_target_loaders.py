@@ -200,8 +200,17 @@ def test_converted_cache_second_load_is_bit_identical(smollm2_gguf, smollm2_hf_t
     # the GGUF tokenizer (first) and the one saved in the cache (second) agree with transformers
     for s in TOKENIZER_STRINGS:
         assert first.tokenizer.encode(s) == second.tokenizer.encode(s) == smollm2_hf_tokenizer.encode(s)
-    assert first.tokenizer.apply_chat(PROMPT) == second.tokenizer.apply_chat(PROMPT)
-    assert first.tokenizer.eos_token_ids == second.tokenizer.eos_token_ids
+        ids = smollm2_hf_tokenizer.encode(s)
+        assert second.tokenizer.decode(ids) == smollm2_hf_tokenizer.decode(ids)
+    # the cached copy is read by the generic fast class (no AutoTokenizer imports)
+    assert type(second.tokenizer.hf).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"}, {"role": "user", "content": PROMPT[:200]}]
+    for c in (PROMPT, conv):
+        assert first.tokenizer.apply_chat(c) == second.tokenizer.apply_chat(c)
+        assert first.tokenizer.render_chat(c, False) == second.tokenizer.render_chat(c, False)
+    for attr in ("eos_token_ids", "pad_id", "bos_id", "vocab_size"):
+        assert getattr(first.tokenizer, attr) == getattr(second.tokenizer, attr), attr
     assert t2 - t1 < t1 - t0
     # the cache entry is itself a loadable converted directory
     entry = load_target(str(tmp_path / "targets" / entries[0]))
@@ -214,8 +223,9 @@ def test_converted_cache_second_load_is_bit_identical(smollm2_gguf, smollm2_hf_t
 TINY = ["llama3", "llama_bf16", "qwen2", "qwen2_sharded", "qwen3", "qwen3_bias_yarn"]
 
 
+@pytest.mark.parametrize("layers", ["stacked", "unrolled"])
 @pytest.mark.parametrize("name", TINY)
-def test_tiny_hf_logits_match_transformers(tiny_hf, jit_forward, name):
+def test_tiny_hf_logits_match_transformers(tiny_hf, jit_forward, name, layers):
     path, ref_model = tiny_hf(name)
     cfg, params = load_hf_directory(path, "float32")
     hf_cfg = json.load(open(os.path.join(path, "config.json")))
@@ -229,9 +239,28 @@ def test_tiny_hf_logits_match_transformers(tiny_hf, jit_forward, name):
     ids = np.random.RandomState(1).randint(0, cfg.vocab_size, size=(2, 40)).astype(np.int32)
     with torch.no_grad():
         ref = ref_model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+    if layers == "unrolled":
+        params = target.unstack_layers(params)
+        assert isinstance(params["layers"], tuple) and len(params["layers"]) == cfg.num_layers
     ours = full_logits(jit_forward, params, cfg, ids, max_len=48)
     err = rel_err(ours, ref)
     assert err < 1e-4, err
+
+
+def test_unrolled_layers_equal_scan_with_aux_and_cache(tiny_hf, jit_forward):
+    """Both layer drivers give the same hidden states, aux features and cache."""
+    cfg, params = load_hf_directory(tiny_hf("qwen3_bias_yarn")[0], "float32")
+    ids = jnp.asarray(np.random.RandomState(2).randint(0, cfg.vocab_size, (2, 9)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(9, dtype=jnp.int32), (2, 9))
+    aux = (0, cfg.num_layers // 2, cfg.num_layers - 1)
+    outs = []
+    for p in (params, target.unstack_layers(params)):
+        cache = KVCache.create(cfg.num_layers, 2, 16, cfg.num_kv_heads, cfg.head_dim, jnp.float32)
+        cache = cache.replace(lengths=jnp.array([0, 3], jnp.int32))
+        outs.append(jit_forward(p, cfg, ids, pos, cache, aux_layers=aux))
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    assert outs[0][2].shape == (2, 9, 3 * cfg.hidden_size)
 
 
 def test_tiny_hf_config_fields(tiny_hf):
