@@ -15,9 +15,6 @@ def _add_generate(sub):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompts-file", help="JSONL file: one {\"prompt\": ...} (or a JSON string) per line")
-    p.add_argument("--target", default="smollm2-135m-instruct", help="target name, HF dir, .gguf or hub id")
-    p.add_argument("--draft", default="default",
-                   help="drafter dir or bundled name; 'default' = bundled drafter of the target; 'none' = plain")
     p.add_argument("--chat", dest="chat", action="store_true", default=True, help="apply the chat template (default)")
     p.add_argument("--no-chat", dest="chat", action="store_false")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -26,6 +23,19 @@ def _add_generate(sub):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--repeat", type=int, default=0,
+                   help="run the request N more times; report compile_s and the repeats' median tokens/s")
+    p.add_argument("--stream", action="store_true", help="print text as it is accepted (single prompt)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_arguments(p)
+    p.set_defaults(func=_generate)
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Target, drafter, dtype and speculation flags (generate and serve)."""
+    p.add_argument("--target", default="smollm2-135m-instruct", help="target name, HF dir, .gguf or hub id")
+    p.add_argument("--draft", default="default",
+                   help="drafter dir or bundled name; 'default' = bundled drafter of the target; 'none' = plain")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: float32 on CPU, bfloat16 on GPU/TPU")
     p.add_argument("--method", choices=["chain", "tree"], default=SpecConfig.method)
@@ -33,11 +43,16 @@ def _add_generate(sub):
     p.add_argument("--tree-top-k", type=int, default=SpecConfig.tree_top_k)
     p.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth)
     p.add_argument("--tree-total-tokens", type=int, default=SpecConfig.tree_total_tokens)
-    p.add_argument("--repeat", type=int, default=0,
-                   help="run the request N more times; report compile_s and the repeats' median tokens/s")
-    p.add_argument("--stream", action="store_true", help="print text as it is accepted (single prompt)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_generate)
+
+
+def generator_from_args(args):
+    """The Generator that `add_model_arguments` flags describe."""
+    from eagle_jax.generate import Generator
+
+    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
+                      tree_top_k=args.tree_top_k, tree_depth=args.tree_depth,
+                      tree_total_tokens=args.tree_total_tokens)
+    return Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
 
 
 def _read_prompts(path: str) -> list[str]:
@@ -60,13 +75,9 @@ def _read_prompts(path: str) -> list[str]:
 
 
 def _generate(args) -> int:
-    from eagle_jax.generate import Generator
-
-    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
-                      tree_top_k=args.tree_top_k, tree_depth=args.tree_depth,
-                      tree_total_tokens=args.tree_total_tokens)
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
-    gen = Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
+    gen = generator_from_args(args)
+    spec = gen.spec
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, chat=args.chat, stop=args.stop)
     if args.stream:

@@ -163,10 +163,12 @@ def prepare(cfg):
     held = list({c["id"]: c for c in held}.values())  # a conversation in two sources is one prompt
     max_length = cfg.max_length or cfg.seq_len
     src_key = hashlib.sha1(f"{cfg.data}:{cfg.max_conversations}:{cfg.heldout_fraction}".encode()).hexdigest()[:10]
+    # a source file rewritten in place (e.g. a resumed regenerate) must not reuse a stale cache
+    content = hashlib.sha1(json.dumps(train, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cfg.data_cache_dir) if cfg.data_cache_dir else out / "data"
     examples = data.load_or_build_cache(cache_dir / f"train-{src_key}-{max_length}.npz", train, tok.hf,
                                         max_length, meta={"source": str(cfg.data), "split": "train",
-                                                          "n_convs": len(train)})
+                                                          "n_convs": len(train), "content": content})
     freqs = vocab_lib.token_frequencies(examples, lt.cfg.vocab_size)
     vd = min(cfg.draft_vocab_size, lt.cfg.vocab_size)
     d2t, t2d = vocab_lib.build_draft_vocab(freqs, vd, lt.cfg.vocab_size)

