@@ -327,8 +327,38 @@ def peers_summary(r: dict) -> list[list]:
     return rows
 
 
-def speed_figures(r: dict) -> list[tuple[str, str]]:
+def _line_chart(r: dict, what: str, series: dict, *, xlabel: str, ylabel: str, title: str,
+                logx: bool = False, xticks=None, ylim=None, hline=None) -> str:
+    """One-axis line chart of `series` {label: [(x, y), ...]} saved as this result's `what` PNG."""
     plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, pts in sorted(series.items()):
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    if hline is not None:
+        ax.axhline(hline, color="gray", lw=0.8, ls="--")
+    if logx:
+        ax.set_xscale("log", base=2)
+    if xticks is not None:
+        ax.set_xticks(xticks, [str(x) for x in xticks])
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return _save(fig, r, what)
+
+
+def _save(fig, r: dict, what: str) -> str:
+    path = _png(r, what)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def speed_figures(r: dict) -> list[tuple[str, str]]:
     figs = []
     ws = [w for w in r.get("workloads", []) if not w["name"].startswith("peers/") and w["dataset"] != "long"]
     # speedup by batch size, per engine and temperature (mean over datasets)
@@ -339,23 +369,12 @@ def speed_figures(r: dict) -> list[tuple[str, str]]:
                 continue
             series.setdefault((name, w["temperature"]), {}).setdefault(w["batch_size"], []).append(e["speedup"])
     if series:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for (name, temp), by_b in sorted(series.items()):
-            bs = sorted(by_b)
-            ax.plot(bs, [sum(by_b[b]) / len(by_b[b]) for b in bs], marker="o", label=f"{name} T={temp:g}")
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
         all_b = sorted({b for by_b in series.values() for b in by_b})
-        ax.set_xticks(all_b, [str(b) for b in all_b])
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("speedup vs eagle-jax plain")
-        ax.set_title("Speedup by batch size (mean over datasets)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = _png(r, "speedup")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        figs.append(("speedup by batch size", path))
+        lines = {f"{name} T={temp:g}": [(b, sum(v) / len(v)) for b, v in by_b.items()]
+                 for (name, temp), by_b in series.items()}
+        figs.append(("speedup by batch size", _line_chart(
+            r, "speedup", lines, xlabel="batch size", ylabel="speedup vs eagle-jax plain",
+            title="Speedup by batch size (mean over datasets)", logx=True, xticks=all_b, hline=1.0)))
     # per-position acceptance (greedy, batch 1, per engine, pooled over short datasets)
     pp: dict = {}
     for w in ws:
@@ -366,24 +385,17 @@ def speed_figures(r: dict) -> list[tuple[str, str]]:
             if acc.get("per_position_acceptance"):
                 pp.setdefault(name, []).append(acc)
     if pp:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, accs in sorted(pp.items()):
+        lines = {}
+        for name, accs in pp.items():
             steps = sum(a["num_verify_steps"] for a in accs)
             depth = min(len(a["per_position_acceptance"]) for a in accs)
-            vals = [sum(a["per_position_acceptance"][i] * a["num_verify_steps"] for a in accs) / max(steps, 1)
-                    for i in range(depth)]
-            ax.plot(range(1, depth + 1), vals, marker="o", label=name)
-        ax.set_xticks(range(1, max(len(a["per_position_acceptance"]) for v in pp.values() for a in v) + 1))
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("acceptance rate")
-        ax.set_ylim(0, 1)
-        ax.set_title("Per-position acceptance (greedy, short prompts)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = _png(r, "acceptance")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        figs.append(("per-position acceptance", path))
+            lines[name] = [(i + 1, sum(a["per_position_acceptance"][i] * a["num_verify_steps"] for a in accs)
+                            / max(steps, 1)) for i in range(depth)]
+        longest = max(len(v) for v in lines.values())
+        figs.append(("per-position acceptance", _line_chart(
+            r, "acceptance", lines, xlabel="draft position", ylabel="acceptance rate",
+            title="Per-position acceptance (greedy, short prompts)", xticks=list(range(1, longest + 1)),
+            ylim=(0, 1))))
     # tau by context length
     longs = [w for w in r.get("workloads", []) if w["dataset"] == "long"]
     tau: dict = {}
@@ -393,20 +405,9 @@ def speed_figures(r: dict) -> list[tuple[str, str]]:
             if acc.get("acceptance_length") is not None:
                 tau.setdefault(name, []).append((w.get("context_tokens"), acc["acceptance_length"]))
     if tau:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, pts in sorted(tau.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context tokens")
-        ax.set_ylabel("tau (mean acceptance length)")
-        ax.set_title("tau by context length (greedy, batch 1)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = _png(r, "tau-context")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        figs.append(("tau by context length", path))
+        figs.append(("tau by context length", _line_chart(
+            r, "tau-context", tau, xlabel="context tokens", ylabel="tau (mean acceptance length)",
+            title="tau by context length (greedy, batch 1)", logx=True)))
     return figs
 
 
@@ -471,11 +472,7 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
     axes[1].set_ylabel("attention share on first 4 tokens")
     axes[1].set_title("Sink attention by depth")
     axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    path = _png(r, "hidden-norm")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    figs.append(("hidden-state norm and sink attention by depth", path))
+    figs.append(("hidden-state norm and sink attention by depth", _save(fig, r, "hidden-norm")))
     by_drafter: dict = {}
     for g in summary:
         if g["context"] != "short" and g["tau"] is not None:
@@ -483,20 +480,11 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
     shorts = {g["drafter"]: (g["prompt_tokens_mean"], g["tau"]) for g in summary
               if g["context"] == "short" and g["tau"] is not None}
     if by_drafter or shorts:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for dr in sorted(set(by_drafter) | set(shorts)):
-            pts = sorted(by_drafter.get(dr, []) + ([shorts[dr]] if dr in shorts else []))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=dr)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("prompt tokens")
-        ax.set_ylabel("tau")
-        ax.set_title("tau by context length (chain, greedy)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = _png(r, "drift-tau")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        figs.append(("tau by context length", path))
+        lines = {dr: by_drafter.get(dr, []) + ([shorts[dr]] if dr in shorts else [])
+                 for dr in set(by_drafter) | set(shorts)}
+        figs.append(("tau by context length", _line_chart(
+            r, "drift-tau", lines, xlabel="prompt tokens", ylabel="tau",
+            title="tau by context length (chain, greedy)", logx=True)))
     return figs
 
 

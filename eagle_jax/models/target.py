@@ -79,6 +79,8 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
         return _layer(p, cfg, h, cos, sin, cache.k[i], cache.v[i], cache_mask, new_mask, impl)
 
     if isinstance(params["layers"], tuple):
+        if len(params["layers"]) != cfg.num_layers:
+            raise ValueError(f"params hold {len(params['layers'])} layers, the config {cfg.num_layers}")
         entering, ks, vs = {}, [], []
         for i, p in enumerate(params["layers"]):
             entering[i] = h
