@@ -25,6 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from eagle_jax.kernels._refs import split_refs
+
 
 # Enough programs to keep every SM of an H100/H200 (132 SMs) busy twice over.
 _TARGET_PROGRAMS = 264
@@ -54,15 +56,7 @@ def block_sizes(m: int, n: int, ks: int, x_itemsize: int):
 
 
 def _kernel(*refs, m, n, ks, seg_rows, segments, bm, bn, bk, eps, precision, has_bias, has_init):
-    x_ref, w_ref = refs[0], refs[1]
-    pos = 2
-    b_ref = None
-    if has_bias:
-        b_ref = refs[pos]
-        pos += 1
-    if has_init:
-        pos += 1  # poisoned output buffer aliased to o_ref; never read
-    o_ref = refs[pos]
+    x_ref, w_ref, b_ref, (o_ref,) = split_refs(refs, has_bias, has_init)
 
     j = pl.program_id(0)
     i = pl.program_id(1)

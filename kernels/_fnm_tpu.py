@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from eagle_jax.kernels._refs import split_refs
+
 _W_TILE_BYTES = 4 * 1024 * 1024  # target bytes of one W' block (double-buffered)
 _MAX_BM = 256
 # With one segment whose K is not a multiple of 128 (SmolLM2: K=576), use a
@@ -61,17 +63,10 @@ def weight_geometry(k: int, n: int, segments: int, itemsize: int):
 
 
 def _kernel(*refs, tiles_per_seg, n_k, inv_ks, eps, precision, has_bias, has_init, multi_seg):
-    x_ref, w_ref = refs[0], refs[1]
-    pos = 2
-    b_ref = None
-    if has_bias:
-        b_ref = refs[pos]
-        pos += 1
-    if has_init:
-        pos += 1  # the poisoned output buffer aliased to o_ref; never read
-    o_ref, acc_ref = refs[pos], refs[pos + 1]
-    seg_ref = refs[pos + 2] if multi_seg else acc_ref
-    ss_ref = refs[-1]
+    x_ref, w_ref, b_ref, rest = split_refs(refs, has_bias, has_init)
+    o_ref, acc_ref = rest[0], rest[1]
+    seg_ref = rest[2] if multi_seg else acc_ref
+    ss_ref = rest[-1]
 
     kk = pl.program_id(2)
     t = jax.lax.rem(kk, tiles_per_seg) if multi_seg else kk
