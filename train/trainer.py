@@ -327,6 +327,10 @@ def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterCon
 
 # ----------------------------------------------------------------------------- helpers
 
+def _seconds(x) -> str:
+    return f"{x:.1f} s" if x is not None else "not measured in this process"
+
+
 def machine_info() -> dict:
     cpu = platform.processor() or ""
     try:
@@ -644,6 +648,9 @@ class Trainer:
             bar.close()
         if self.feature_cache is not None:
             self.feature_cache.flush()
+        if not last:  # resumed at the end (e.g. to export): the last step is in the log
+            last = next((r for r in reversed(read_log(self.log_path))
+                         if r.get("type") == "train" and r.get("step", 0) <= step), {})
         summary = {"step": step, "last": last, "compile_s": compile_s,
                    "wall_s": elapsed_before + time.perf_counter() - t_run}
         if step >= cfg.steps:
@@ -713,8 +720,10 @@ class Trainer:
             f"{cfg.weight_decay}, grad clip {cfg.grad_clip}",
             f"- compute dtype {cfg.dtype}, parameter dtype {cfg.param_dtype}, seed {cfg.seed}",
             f"- wall time: {summary['wall_s'] / 3600:.2f} h ({summary['wall_s']:.0f} s); "
-            f"first step incl. compile {summary.get('compile_s') or float('nan'):.1f} s; "
-            f"throughput {last.get('tok_s', float('nan')):.0f} tokens/s (padded)",
+            f"first step incl. compile {_seconds(summary.get('compile_s'))}; "
+            f"throughput {last.get('tok_s', float('nan')):.0f} tokens/s at the last step (padded); "
+            f"{summary['step'] * cfg.batch_size * cfg.seq_len / max(last.get('elapsed_s') or 0, 1e-9):.0f} "
+            f"tokens/s over the run",
             f"- machine: {mi['cpu']}, {mi['cores']} cores, {mi['backend']} backend, jax {mi['jax']}",
             "",
             "## Drafter",
