@@ -12,7 +12,7 @@ Endpoints:
 Request fields (both POSTs): max_tokens (default 128), temperature (0 =
 greedy), top_p, top_k, seed, stop (str or list), stream (chat and single
 completion prompts: server-sent events, one chunk per accepted piece of text).
-`model` and `user` are accepted and ignored; any other field, `n` > 1 or
+`model`, `user` and `stream_options` are accepted and ignored; any other field, `n` > 1 or
 `logprobs` are rejected with 400 naming the field. Responses carry `usage`
 and an `eagle` block (acceptance length, per-position acceptance, tokens/s).
 
@@ -34,7 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 __all__ = ["add_arguments", "main", "make_server", "RequestError"]
 
 _SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
-_IGNORED_KEYS = {"model", "user", "n", "logprobs", "stream_options"}
+_IGNORED_KEYS = {"model", "user", "stream_options"}
+_CHECKED_KEYS = {"n", "logprobs"}  # accepted only with their default meaning
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
 
@@ -45,7 +46,7 @@ class RequestError(ValueError):
 def _check_fields(body: dict, required: str) -> dict:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    unknown = set(body) - _SAMPLING_KEYS - _IGNORED_KEYS - {required}
+    unknown = set(body) - _SAMPLING_KEYS - _IGNORED_KEYS - _CHECKED_KEYS - {required}
     if unknown:
         raise RequestError(f"unknown field(s): {', '.join(sorted(unknown))}")
     if required not in body:
@@ -99,9 +100,11 @@ class Service:
     def prompts(self, kind: str, body: dict) -> tuple[list[list[int]], dict]:
         """Token-id prompts and generate() keyword arguments of a request."""
         tok = self.gen.tokenizer
+        if tok is None:
+            raise RequestError("this model has no tokenizer: text requests cannot be encoded")
         if kind == "chat":
             kw = _check_fields(body, "messages")
-            if tok is None or not tok.chat_template:
+            if not tok.chat_template:
                 raise RequestError("this model has no chat template: use /v1/completions")
             texts = [tok.render_chat(_messages(body))]
             ids = [tok.encode(texts[0], add_special_tokens=False)]

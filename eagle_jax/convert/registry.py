@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -370,19 +369,9 @@ def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool
     t0 = time.perf_counter()
     target = convert(path, dt)
     log.info("converted %s in %.1fs", path, time.perf_counter() - t0)
-    parent = os.path.dirname(final)
     try:
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=parent)
-        try:
-            _write_converted(target, tmp)
-            try:
-                os.rename(tmp, final)
-            except OSError:  # another process won the race: keep its copy
-                if not is_converted_dir(final):
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_directory(final, keep_existing=True) as tmp:  # a concurrent writer's copy wins
+            _write_converted(target, os.fspath(tmp))
     except OSError as e:
         log.warning("could not write the conversion cache %s (%s); continuing without it", final, e)
     return target

@@ -569,3 +569,23 @@ def test_safetensors_io_interoperates(tmp_path):
     ours = SafetensorsFile(tmp_path / "torch.safetensors")
     with safe_open(tmp_path / "torch.safetensors", framework="flax") as f:
         np.testing.assert_array_equal(np.asarray(ours["x"]), np.asarray(f.get_tensor("x")))
+
+
+def test_atomic_directory_replace_keep_and_failure(tmp_path):
+    from eagle_jax.convert.atomic import atomic_directory
+
+    out = tmp_path / "out"
+    with atomic_directory(out) as d:
+        (d / "f").write_text("one")
+    with atomic_directory(out) as d:  # replaces
+        (d / "f").write_text("two")
+    assert (out / "f").read_text() == "two"
+    with atomic_directory(out, keep_existing=True) as d:  # a cache another writer filled first: kept
+        (d / "f").write_text("three")
+    assert (out / "f").read_text() == "two"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(out) as d:
+            (d / "f").write_text("four")
+            raise RuntimeError("writer failed")
+    assert (out / "f").read_text() == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary leftovers
