@@ -183,19 +183,28 @@ class Generator:
 
     def stream(self, prompt, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, chat: bool = True,
-               stop: Sequence[str] = ()) -> Iterator[str]:
-        """Yield text as accepted tokens arrive (one jitted step per host iteration)."""
+               stop: Sequence[str] = ()) -> "TextStream":
+        """Text pieces as accepted tokens arrive (one jitted step per host iteration).
+
+        Returns a :class:`TextStream`: iterate it for the pieces; once it is
+        exhausted its ``finish_reason`` is set as in :meth:`generate`.
+        """
         if self.tokenizer is None:
             raise PromptError("streaming text needs a tokenizer")
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         ids, lc, args, static = self._prepare([prompt], max_new_tokens, sampling, seed, chat)
+        return TextStream(self._stream_pieces(ids[0], lc, args, static, stop))
+
+    def _stream_pieces(self, prompt_ids, lc, args, static, stop) -> Iterator[str]:
+        """The pieces of :meth:`stream`; returns the finish reason."""
         state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
         shown = ""
         # Text that could still turn out to start a stop string is held back.
         holdback = max((len(s) for s in stop if s), default=1) - 1
         while True:
             n = int(state.num_generated[0])
-            text = self.tokenizer.decode(np.asarray(state.out[0, :n]).tolist(), skip_special_tokens=True)
+            toks = np.asarray(state.out[0, :n]).tolist()
+            text = self.tokenizer.decode(toks, skip_special_tokens=True)
             cut = _first_stop(text, stop)
             final = cut is not None or bool(state.done[0])
             if cut is not None:
@@ -206,21 +215,23 @@ class Generator:
                 yield text[len(shown):]
                 shown = text
             if final:
-                return
+                return "stop" if cut is not None else self._finish_reason(len(prompt_ids), toks)
             state = loop.step_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
+
+    def _finish_reason(self, prompt_len: int, toks: list[int]) -> str:
+        """Why a row without a stop-string hit ended: "eos", "context" or "length"."""
+        if toks and toks[-1] in self.eos_ids():
+            return "eos"
+        if prompt_len + len(toks) >= self.context_limit:
+            return "context"
+        return "length"
 
     def _result(self, ids, state, out, ttft, wall, stop) -> GenerationResult:
         gen = np.asarray(state.num_generated)
-        eos = set(self.eos_ids())
         token_ids, texts, reasons = [], [], []
         for r, prompt in enumerate(ids):
             toks = out[r, :gen[r]].tolist()
-            if toks and toks[-1] in eos:
-                reason = "eos"
-            elif len(prompt) + len(toks) >= self.context_limit:
-                reason = "context"
-            else:
-                reason = "length"
+            reason = self._finish_reason(len(prompt), toks)
             text = ""
             if self.tokenizer is not None:
                 text = self.tokenizer.decode(toks, skip_special_tokens=True)
@@ -242,6 +253,25 @@ class Generator:
             ttft_s=ttft, wall_s=wall, num_generated=total, tokens_per_s=total / max(wall, 1e-9),
             timings={"prefill_s": ttft, "decode_s": decode_s,
                      "decode_tokens_per_s": (total - len(ids)) / decode_s})
+
+
+class TextStream:
+    """An iterator of text pieces (:meth:`Generator.stream`); ``finish_reason``
+    ("eos", "stop", "length" or "context") is None until it is exhausted."""
+
+    def __init__(self, pieces: Iterator[str]):
+        self._pieces = pieces
+        self.finish_reason: str | None = None
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration as done:
+            self.finish_reason = done.value
+            raise
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -172,7 +172,7 @@ class Service:
                     yield chunk(piece)
             except ValueError as e:
                 raise RequestError(str(e)) from None
-        yield chunk("", "stop")
+        yield chunk("", _FINISH[pieces.finish_reason])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -231,10 +231,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        for event in _chain(first, events):  # each piece goes out as soon as it is accepted
-            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-            self.wfile.flush()
+        try:
+            for event in _chain(first, events):  # each piece goes out as soon as it is accepted
+                self._event(event)
+        except Exception as e:  # noqa: BLE001 - headers are out: report it as an event, not a 500
+            self._event({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
         self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _event(self, payload: dict) -> None:
+        self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
         self.wfile.flush()
 
 

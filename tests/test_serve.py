@@ -73,7 +73,38 @@ def test_stream_concatenates_to_the_full_answer(served):
     streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
     assert streamed == ref.texts[0]
+    assert ref.finish_reasons == ["length"]  # 12 tokens do not finish this answer
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stream_stop_string_finishes_with_stop(served):
+    gen, url = served
+    ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
+    stop = ref.texts[0].split()[1]
+    status, text = _call(url + "/v1/chat/completions",
+                         {"messages": CHAT, "max_tokens": 12, "stream": True, "stop": stop})
+    assert status == 200, text
+    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert stop not in streamed and ref.texts[0].startswith(streamed)
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
+    gen, url = served
+
+    def broken(*args, **kwargs):
+        yield "Red"
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(gen, "_stream_pieces", broken)
+    status, text = _call(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
+    assert status == 200  # the headers were already sent when it failed
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"] == {"content": "Red"}
+    assert json.loads(events[1])["error"] == {"message": "RuntimeError: device lost", "type": "server_error",
+                                              "code": 500}
+    assert events[2:] == ["[DONE]"]
 
 
 @pytest.mark.parametrize("body, match", [

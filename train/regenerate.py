@@ -98,7 +98,7 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
     # One set of padded shapes for every batch: one compile.
     generator.min_shapes = (max_prompt_tokens, max_prompt_tokens + max_new_tokens + 2, max_new_tokens + 16)
     stats = {"skipped_already_done": len(conversations) - len(todo), "conversations": 0,
-             "heldout_copied": 0, "turns": 0, "tokens": 0, "truncated": 0, "generate_s": 0.0}
+             "heldout_copied": 0, "no_answer_copied": 0, "dropped_prompt_too_long": 0, "turns": 0, "tokens": 0, "truncated": 0, "generate_s": 0.0}
     bar = tqdm(total=len(todo), desc="regenerate", unit="conv", disable=not progress)
     with open(out_path, "a", encoding="utf-8") as f:
         for start in range(0, len(todo), batch_size):
@@ -106,10 +106,11 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
             records, live = [], {}  # live: index in records -> regeneration state
             for conv in chunk:
                 head, ex = _exchanges(conv["messages"])
-                if is_heldout(conv["id"], heldout_fraction) or not ex:
+                heldout = is_heldout(conv["id"], heldout_fraction)
+                if heldout or not ex:
                     records.append({"id": conv["id"], "messages": conv["messages"],
                                     "regenerated_turns": 0, "truncated": False})
-                    stats["heldout_copied"] += 1
+                    stats["heldout_copied" if heldout else "no_answer_copied"] += 1
                 else:
                     live[len(records)] = {"ex": ex, "open": True}
                     records.append({"id": conv["id"], "messages": list(head), "regenerated_turns": 0,
@@ -141,6 +142,7 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
                     stats["tokens"] += len(ids)
             # a conversation whose first prompt does not fit yields nothing
             kept = [r for i, r in enumerate(records) if i not in live or r["regenerated_turns"] > 0]
+            stats["dropped_prompt_too_long"] += len(records) - len(kept)
             stats["conversations"] += sum(1 for i in live if records[i]["regenerated_turns"] > 0)
             stats["truncated"] += sum(1 for r in kept if r["truncated"])
             _append(f, kept)

@@ -11,10 +11,21 @@ def test_stream_equals_generate(smollm2):
     gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer, drafter=d,
                     spec=SpecConfig("chain", num_speculative_tokens=3))
     prompt = "Name three colours."
-    pieces = list(gen.stream(prompt, max_new_tokens=20))
+    stream = gen.stream(prompt, max_new_tokens=20)
+    assert stream.finish_reason is None
+    pieces = list(stream)
     full = gen.generate([prompt], max_new_tokens=20)
     assert len(pieces) > 1
     assert "".join(pieces) == full.texts[0]
+    assert stream.finish_reason == full.finish_reasons[0]
+
+
+def test_stream_finish_reason_eos(smollm2):
+    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer)
+    full = gen.generate(["Reply with one word: yes or no?"], max_new_tokens=40)
+    assert full.finish_reasons == ["eos"]  # a short answer ends before the budget
+    stream = gen.stream("Reply with one word: yes or no?", max_new_tokens=40)
+    assert "".join(stream) == full.texts[0] and stream.finish_reason == "eos"
 
 
 def test_stream_stops_at_stop_string(smollm2):
@@ -23,7 +34,8 @@ def test_stream_stops_at_stop_string(smollm2):
     words = full.split()
     assert len(words) > 3
     stop = words[2]
-    text = "".join(gen.stream("Count from one to ten in words.", max_new_tokens=30, stop=[stop]))
-    assert stop not in text and full.startswith(text)
+    stream = gen.stream("Count from one to ten in words.", max_new_tokens=30, stop=[stop])
+    text = "".join(stream)
+    assert stop not in text and full.startswith(text) and stream.finish_reason == "stop"
     res = gen.generate(["Count from one to ten in words."], max_new_tokens=30, stop=[stop])
     assert res.texts[0] == text and res.finish_reasons == ["stop"]

@@ -65,6 +65,7 @@ def test_regenerate_matches_target_greedy_and_resumes(generator, smollm2_hf_mode
     assert read_done(out) == {"geo_0", "py_0"}
     stats = regenerate(convs, generator, out, **kw)
     assert stats["skipped_already_done"] == 2 and stats["heldout_copied"] == 1
+    assert stats["dropped_prompt_too_long"] == 1 and stats["no_answer_copied"] == 0
     lines = out.read_text().splitlines()
     recs = {r["id"]: r for r in map(json.loads, lines)}
     assert len(lines) == len(recs) == 3  # long_0's prompt does not fit: dropped, nothing duplicated
