@@ -577,11 +577,14 @@ class Trainer:
         if restored is not None:
             state, meta = restored
             old = meta.get("config") or {}
-            changed = [k for k in _RESUME_KEYS if k in old and old[k] != getattr(cfg, k)]
+            changed = {k: [old[k], getattr(cfg, k)] for k in _RESUME_KEYS
+                       if k in old and old[k] != getattr(cfg, k)}
             if changed:
                 print(f"[train] warning: resuming with changed {', '.join(changed)} "
-                      f"(was {', '.join(repr(old[k]) for k in changed)}): the run is no longer the "
+                      f"(was {', '.join(repr(v[0]) for v in changed.values())}): the run is no longer the "
                       "continuation of the checkpointed one", file=sys.stderr)
+            self._log({"type": "resume", "step": int(meta["step"]), "cursor": int(meta["cursor"]),
+                       "changed": changed})
             start = int(meta["cursor"])
             elapsed_before = float(meta.get("elapsed_s", 0.0))
             print(f"[train] resumed from step {int(meta['step'])} (cursor {start})", file=sys.stderr)
@@ -725,6 +728,12 @@ class Trainer:
             f"{summary['step'] * cfg.batch_size * cfg.seq_len / max(last.get('elapsed_s') or 0, 1e-9):.0f} "
             f"tokens/s over the run",
             f"- machine: {mi['cpu']}, {mi['cores']} cores, {mi['backend']} backend, jax {mi['jax']}",
+        ]
+        for r in read_log(self.log_path):
+            if r.get("type") == "resume":
+                what = "; ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in r["changed"].items())
+                lines.append(f"- resumed at step {r['step']}" + (f", changed: {what}" if what else ""))
+        lines += [
             "",
             "## Drafter",
             f"- hidden {d.hidden_size}, heads {d.num_heads}/{d.num_kv_heads} (head_dim {d.head_dim}), "

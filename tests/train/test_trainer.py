@@ -199,6 +199,17 @@ def test_resume_reproduces_uninterrupted_run(setup, reference, tmp_path):
     assert steps == [6, 8, 10]  # max_to_keep = 3
 
 
+def test_resume_with_changed_settings_is_logged_and_carded(setup, tmp_path):
+    from eagle_jax.train.trainer import Trainer, read_log
+
+    tparams, train, vocab = setup
+    Trainer(small_cfg(tmp_path, steps=4, export=False), TCFG, tparams, train, vocab).run()
+    Trainer(small_cfg(tmp_path, steps=6, export=False), TCFG, tparams, train, vocab).run()
+    resumes = [r for r in read_log(tmp_path / "train_log.jsonl") if r["type"] == "resume"]
+    assert resumes == [{"type": "resume", "step": 4, "cursor": 4, "changed": {"steps": [4, 6]}}]
+    assert "- resumed at step 4, changed: steps 4 -> 6" in (tmp_path / "model_card.md").read_text()
+
+
 def test_no_resume_refuses_existing_checkpoints(setup, tmp_path):
     from eagle_jax.train.trainer import Trainer
 
