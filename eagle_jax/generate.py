@@ -2,8 +2,10 @@
 
     gen = Generator.load("smollm2-135m-instruct", draft="default")
     result = gen.generate(["Write a haiku about JAX."], max_new_tokens=64)
-    for piece in gen.stream("Tell me a story."):
+    stream = gen.stream("Tell me a story.")
+    for piece in stream:
         print(piece, end="")
+    stream.finish_reason  # "eos", "stop", "length" or "context"
 
 `draft=None` (or "none") gives plain decoding through the same interface.
 Prompts are strings (chat-templated unless `chat=False`) or token-id lists.
