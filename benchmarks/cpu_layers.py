@@ -19,17 +19,7 @@ import json
 import statistics
 import time
 
-
-def _median_ms(f, *args, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+from eagle_jax.benchmarks.plain_vs_transformers import layer_matmuls, median_ms
 
 
 def main(repeats: int) -> dict:
@@ -66,20 +56,12 @@ def main(repeats: int) -> dict:
         scan.append(step_ms(stacked))
         unroll.append(step_ms(unrolled))
 
-    @jax.jit
-    def matmuls(params, x):
-        for p in params["layers"]:
-            q = jnp.dot(x, p["wqkv"])[:, :cfg.q_size]
-            x = x + jnp.dot(q, p["wo"])
-            gu = jnp.dot(x, p["w_gate_up"])
-            x = x + jnp.dot(gu[:, :cfg.intermediate_size] * gu[:, cfg.intermediate_size:], p["w_down"])
-            x = x * 0.5
-        return x
+    matmuls = jax.jit(lambda params, x: layer_matmuls(params, cfg, x))
 
     by_m = {}
     for m in (1, 4, 12, 16):
         x = jnp.full((m, cfg.hidden_size), 0.01, jnp.float32)
-        by_m[m] = _median_ms(matmuls, unrolled, x, repeats=repeats)
+        by_m[m] = median_ms(matmuls, unrolled, x, repeats=repeats)
     return {"decode_step_ms": {"scan_stacked": min(scan), "unrolled_per_layer": min(unroll)},
             "scan_over_unrolled": min(scan) / min(unroll),
             "layer_matmuls_ms_by_rows": by_m,

@@ -119,7 +119,7 @@ def memory_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> dict:
     return {"array_mb": mb, "numpy_copy_gbs": numpy_gbs, "xla_add_gbs": xla_gbs}
 
 
-def _time(f, *args, repeats: int = 20) -> float:
+def median_ms(f, *args, repeats: int = 20) -> float:
     """Median ms of f(*args) (jitted), after one warm-up call."""
     import jax
 
@@ -130,6 +130,22 @@ def _time(f, *args, repeats: int = 20) -> float:
         jax.block_until_ready(f(*args))
         ts.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(ts)
+
+
+def layer_matmuls(params, cfg, x):
+    """The weight matmuls of every layer (x @ wqkv, wo, w_gate_up, w_down), nothing else.
+
+    params: per-layer buffers (`target.unstack_layers`); x [M, H]. Returns x [M, H].
+    """
+    import jax.numpy as jnp
+
+    for p in params["layers"]:
+        q = jnp.dot(x, p["wqkv"])[:, :cfg.q_size]
+        x = x + jnp.dot(q, p["wo"])
+        gu = jnp.dot(x, p["w_gate_up"])
+        x = x + jnp.dot(gu[:, :cfg.intermediate_size] * gu[:, cfg.intermediate_size:], p["w_down"])
+        x = x * 0.5
+    return x
 
 
 def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
@@ -159,7 +175,7 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
     out = {}
     cache = target.create_cache(cfg, 1, cache_len, params["embed"].dtype)
     cache = cache.replace(lengths=jnp.array([len(ids[0]) + 64], jnp.int32))
-    out["step_ms_median"] = _time(one, params, tok, cache.lengths[:, None], cache, repeats=repeats)
+    out["step_ms_median"] = median_ms(one, params, tok, cache.lengths[:, None], cache, repeats=repeats)
     # the decoding loop itself (in place, no cache copy) with larger KV-cache buffers and
     # the same short prompt: attention reads every slot of the static buffer
     from eagle_jax.benchmarks.harness import _shaped_generator_class
@@ -180,18 +196,13 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
 
     @jax.jit
     def matmuls(params, x):  # params with per-layer buffers, as the Generator decodes on CPU
-        for p in params["layers"]:
-            q = jnp.dot(x, p["wqkv"])[:, :cfg.q_size]
-            x = x + jnp.dot(q, p["wo"])
-            gu = jnp.dot(x, p["w_gate_up"])
-            x = x + jnp.dot(gu[:, :cfg.intermediate_size] * gu[:, cfg.intermediate_size:], p["w_down"])
-            x = x * 0.5
+        x = layer_matmuls(params, cfg, x)
         return jnp.argmax(jnp.dot(x, target.lm_head_weight(params, cfg)), -1)
 
     x = jnp.ones((1, cfg.hidden_size), params["embed"].dtype) * 0.01
-    out["matmuls_only_ms"] = _time(matmuls, target.unstack_layers(params), x, repeats=repeats)
+    out["matmuls_only_ms"] = median_ms(matmuls, target.unstack_layers(params), x, repeats=repeats)
     head = jax.jit(lambda w, x: jnp.argmax(jnp.dot(x, w), -1))
-    out["lm_head_only_ms"] = _time(head, target.lm_head_weight(params, cfg), x, repeats=repeats)
+    out["lm_head_only_ms"] = median_ms(head, target.lm_head_weight(params, cfg), x, repeats=repeats)
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cache_len * cfg.head_dim * 4
     out.update({"weight_bytes": nbytes, "kv_cache_bytes_read": kv_bytes, "cache_len": cache_len})
