@@ -26,7 +26,8 @@ from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetCo
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_dtype, enable_compilation_cache
 from eagle_jax.spec import loop
-from eagle_jax.spec.stats import summarize
+from eagle_jax.spec.sampling import row_keys
+from eagle_jax.spec.stats import SpecStats, summarize
 
 
 class PromptError(ValueError):
@@ -46,6 +47,12 @@ class GenerationResult:
     num_generated: int = 0
     tokens_per_s: float = 0.0
     timings: dict = field(default_factory=dict)
+    spec_stats: SpecStats | None = None  # the raw per-row counters (host arrays); None when plain
+    depth: int = 0  # drafted tokens per verify step, for summarize()
+
+    def stats_of(self, rows: Sequence[int]) -> dict:
+        """Acceptance statistics over some rows (as `stats` is over all of them)."""
+        return summarize(self.spec_stats, self.depth, rows=list(rows)) if self.spec_stats is not None else {}
 
 
 def _bucket(n: int, chunk: int) -> int:
@@ -163,17 +170,23 @@ class Generator:
         out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
         caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
         args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
-                jax.random.PRNGKey(seed), *caches)
+                _row_keys(seed, b), *caches)
         return ids, lc, args, dict(lc=lc, out_width=out_width)
 
     # ------------------------------------------------------------------ running
 
     def generate(self, prompts, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, chat: bool = True,
-                 stop: Sequence[str] = ()) -> GenerationResult:
-        """Generate for a batch of prompts in one compiled prefill + one compiled loop."""
+                 top_p: float = 1.0, seed: int | Sequence[int] = 0, chat: bool = True,
+                 stop: Sequence[str] | Sequence[Sequence[str]] = ()) -> GenerationResult:
+        """Generate for a batch of prompts in one compiled prefill + one compiled loop.
+
+        max_new_tokens, seed and stop may be given once for all rows or one per
+        prompt (stop: a list of string lists); per-prompt seeds make each row
+        sample as it would alone.
+        """
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         ids, lc, args, static = self._prepare(prompts, max_new_tokens, sampling, seed, chat)
+        stops = _row_stops(stop, len(ids))
         t0 = time.perf_counter()
         state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
         jax.block_until_ready(state.pending)
@@ -181,7 +194,7 @@ class Generator:
         state = loop.run_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
         out = np.asarray(state.out)
         wall = time.perf_counter() - t0
-        return self._result(ids, state, out, ttft, wall, stop)
+        return self._result(ids, state, out, ttft, wall, stops)
 
     def stream(self, prompt, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, chat: bool = True,
@@ -195,7 +208,7 @@ class Generator:
             raise PromptError("streaming text needs a tokenizer")
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         ids, lc, args, static = self._prepare([prompt], max_new_tokens, sampling, seed, chat)
-        return TextStream(self._stream_pieces(ids[0], lc, args, static, stop))
+        return TextStream(self._stream_pieces(ids[0], lc, args, static, _row_stops(stop, 1)[0]))
 
     def _stream_pieces(self, prompt_ids, lc, args, static, stop) -> Iterator[str]:
         """The pieces of :meth:`stream`; returns the finish reason."""
@@ -228,7 +241,7 @@ class Generator:
             return "context"
         return "length"
 
-    def _result(self, ids, state, out, ttft, wall, stop) -> GenerationResult:
+    def _result(self, ids, state, out, ttft, wall, stops) -> GenerationResult:
         gen = np.asarray(state.num_generated)
         token_ids, texts, reasons = [], [], []
         for r, prompt in enumerate(ids):
@@ -237,7 +250,7 @@ class Generator:
             text = ""
             if self.tokenizer is not None:
                 text = self.tokenizer.decode(toks, skip_special_tokens=True)
-                cut = _first_stop(text, stop)
+                cut = _first_stop(text, stops[r])
                 if cut is not None:
                     toks = _tokens_for_prefix(self.tokenizer, toks, text[:cut])
                     text, reason = text[:cut], "stop"
@@ -245,16 +258,18 @@ class Generator:
             texts.append(text)
             reasons.append(reason)
         depth = self.spec.depth if self.speculative else 0
+        counters = jax.tree.map(np.asarray, state.stats) if self.speculative else None
         total = int(sum(len(t) for t in token_ids))
         decode_s = max(wall - ttft, 1e-9)
         return GenerationResult(
             token_ids=token_ids, texts=texts, finish_reasons=reasons,
             prompt_tokens=[len(p) for p in ids],
-            stats=summarize(state.stats, depth) if self.speculative else {},
-            row_stats=[summarize(state.stats, depth, rows=[r]) for r in range(len(ids))] if self.speculative else [],
+            stats=summarize(counters, depth) if self.speculative else {},
+            row_stats=[summarize(counters, depth, rows=[r]) for r in range(len(ids))] if self.speculative else [],
             ttft_s=ttft, wall_s=wall, num_generated=total, tokens_per_s=total / max(wall, 1e-9),
             timings={"prefill_s": ttft, "decode_s": decode_s,
-                     "decode_tokens_per_s": (total - len(ids)) / decode_s})
+                     "decode_tokens_per_s": (total - len(ids)) / decode_s},
+            spec_stats=counters, depth=depth)
 
 
 class TextStream:
@@ -274,6 +289,35 @@ class TextStream:
         except StopIteration as done:
             self.finish_reason = done.value
             raise
+
+
+def _row_keys(seed, b: int) -> jax.Array:
+    """Per-row PRNG keys [B, 2]. One int seed s: row r draws from stream r of s.
+    A list: row r draws from stream 0 of seed[r], so a request seeded s samples
+    the same alone or inside any batch."""
+    one = isinstance(seed, (int, np.integer))
+    seeds = [seed] * b if one else list(seed) if isinstance(seed, (list, tuple)) else None
+    if (seeds is None or len(seeds) != b or any(
+            not isinstance(x, (int, np.integer)) or isinstance(x, bool) or not 0 <= x < 2 ** 31 for x in seeds)):
+        raise PromptError(f"seed must be an int in [0, 2**31) or one per prompt, got {seed!r}")
+    streams = range(b) if one else [0] * b
+    return row_keys(jnp.asarray(seeds, jnp.int32), jnp.asarray(list(streams), jnp.int32))
+
+
+def _row_stops(stop, b: int) -> list[list[str]]:
+    """Stop strings per row: one list for every row, or one list per row."""
+    if isinstance(stop, str):
+        stop = [stop]
+    stop = list(stop)
+    if stop and all(isinstance(x, (list, tuple)) for x in stop):
+        if len(stop) != b:
+            raise PromptError(f"{len(stop)} stop lists for {b} prompts")
+        rows = [list(x) for x in stop]
+    else:
+        rows = [stop] * b
+    if not all(isinstance(x, str) for row in rows for x in row):
+        raise PromptError(f"stop must be strings, or one list of strings per prompt, got {stop!r}")
+    return rows
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

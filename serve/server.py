@@ -16,9 +16,10 @@ completion prompts: server-sent events, one chunk per accepted piece of text).
 `logprobs` are rejected with 400 naming the field. Responses carry `usage`
 and an `eagle` block (acceptance length, per-position acceptance, tokens/s).
 
-Requests run one at a time on the one compiled engine (a lock): a batch
-within a request (a prompt list) shares one compiled loop, but concurrent
-requests are not batched together.
+Concurrent non-streamed requests with the same sampling settings are batched
+together (serve/batcher.py: `--max-batch` rows, gathered for `--batch-window-ms`);
+a request's output does not depend on what shares its batch. A `seed` s seeds
+prompt i of the request with s + i. Streamed requests run alone, one at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import time
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from eagle_jax.serve.batcher import Batcher
 
 __all__ = ["add_arguments", "main", "make_server", "RequestError"]
 
@@ -87,11 +90,13 @@ def _messages(body: dict) -> list[dict]:
 class Service:
     """The request logic, independent of HTTP: validate, run, shape the response."""
 
-    def __init__(self, generator, model_name: str, draft_name: str):
+    def __init__(self, generator, model_name: str, draft_name: str, *, max_batch: int = 8,
+                 batch_window_s: float = 0.005):
         self.gen = generator
         self.model = model_name
         self.draft = draft_name if generator.speculative else "none"
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one batch or one stream on the engine at a time
+        self.batcher = Batcher(generator, self.lock, max_batch=max_batch, window_s=batch_window_s)
 
     def info(self) -> dict:
         return {"status": "ok", "model": self.model, "draft": self.draft,
@@ -119,34 +124,39 @@ class Service:
             ids = self.gen.encode_prompts(ids, chat=False)
         except ValueError as e:
             raise RequestError(str(e)) from None
+        if not 0 <= kw["seed"] <= 2 ** 31 - len(ids):
+            raise RequestError(f"seed must be in [0, 2**31 - {len(ids)}] for {len(ids)} prompt(s), "
+                               f"got {kw['seed']}")
         return ids, kw
 
     def run(self, kind: str, body: dict) -> dict:
         ids, kw = self.prompts(kind, body)
-        with self.lock:
-            try:
-                res = self.gen.generate(ids, chat=False, **kw)
-            except ValueError as e:  # invalid sampling parameters
-                raise RequestError(str(e)) from None
+        try:
+            part = self.batcher.submit(ids, kw)
+        except ValueError as e:  # invalid sampling parameters
+            raise RequestError(str(e)) from None
+        res, rows = part.result, part.rows
         choices = []
-        for i, (text, reason) in enumerate(zip(res.texts, res.finish_reasons)):
+        for i, r in enumerate(rows):
+            text, reason = res.texts[r], res.finish_reasons[r]
             c = {"index": i, "finish_reason": _FINISH[reason]}
             if kind == "chat":
                 c["message"] = {"role": "assistant", "content": text}
             else:
                 c["text"] = text
             choices.append(c)
-        completion = sum(len(t) for t in res.token_ids)
-        prompt = sum(res.prompt_tokens)
+        completion = sum(len(res.token_ids[r]) for r in rows)
+        prompt = sum(res.prompt_tokens[r] for r in rows)
         out = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                "object": "chat.completion" if kind == "chat" else "text_completion",
                "created": int(time.time()), "model": self.model, "choices": choices,
                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                          "total_tokens": prompt + completion},
-               "eagle": {"draft": self.draft, "tokens_per_s": res.tokens_per_s, "ttft_s": res.ttft_s,
-                         "wall_s": res.wall_s}}
+               "eagle": {"draft": self.draft, "tokens_per_s": completion / max(res.wall_s, 1e-9),
+                         "ttft_s": res.ttft_s, "wall_s": res.wall_s, "batch_size": part.batch_size}}
         if self.gen.speculative:
-            out["eagle"].update({k: res.stats.get(k) for k in ("acceptance_length", "per_position_acceptance")})
+            stats = res.stats_of(rows)
+            out["eagle"].update({k: stats.get(k) for k in ("acceptance_length", "per_position_acceptance")})
         return out
 
     def stream(self, kind: str, body: dict):
@@ -250,9 +260,11 @@ def _chain(first, rest):
 
 
 def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "eagle-jax",
-                draft_name: str = "none") -> ThreadingHTTPServer:
+                draft_name: str = "none", max_batch: int = 8, batch_window_s: float = 0.005
+                ) -> ThreadingHTTPServer:
     """An HTTP server (not yet started: call serve_forever) around `generator`."""
-    handler = type("Handler", (_Handler,), {"service": Service(generator, model_name, draft_name)})
+    service = Service(generator, model_name, draft_name, max_batch=max_batch, batch_window_s=batch_window_s)
+    handler = type("Handler", (_Handler,), {"service": service})
     return ThreadingHTTPServer((host, port), handler)
 
 
@@ -261,6 +273,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="most prompts batched together across concurrent requests (1 = no batching)")
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long the oldest waiting request waits for others to batch with")
     add_model_arguments(p)
 
 
@@ -268,7 +284,8 @@ def main(args) -> int:
     from eagle_jax.cli import generator_from_args
 
     gen = generator_from_args(args)
-    server = make_server(gen, args.host, args.port, model_name=args.target, draft_name=args.draft)
+    server = make_server(gen, args.host, args.port, model_name=args.target, draft_name=args.draft,
+                         max_batch=args.max_batch, batch_window_s=args.batch_window_ms / 1000)
     print(f"eagle-jax serve: http://{args.host}:{server.server_address[1]} "
           f"(target {args.target}, draft {args.draft if gen.speculative else 'none'})", flush=True)
     try:

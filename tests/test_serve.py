@@ -107,6 +107,65 @@ def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
     assert events[2:] == ["[DONE]"]
 
 
+def _concurrently(url, bodies):
+    """POST every body at once (one thread each); the parsed replies in order."""
+    out = [None] * len(bodies)
+
+    def send(i):
+        status, text = _call(url + "/v1/chat/completions", bodies[i])
+        assert status == 200, text
+        out[i] = json.loads(text)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.fixture(scope="module")
+def batching(served):
+    """A second server on the same Generator that gathers requests for 3 s."""
+    gen, _ = served
+    server = make_server(gen, "127.0.0.1", 0, draft_name="default", max_batch=4, batch_window_s=3.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield gen, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+QUESTIONS = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French."]
+
+
+def test_concurrent_requests_are_batched_and_answer_as_alone(batching):
+    gen, url = batching
+    bodies = [{"messages": [{"role": "user", "content": q}], "max_tokens": m}
+              for q, m in zip(QUESTIONS, [12, 6, 9])]
+    replies = _concurrently(url, bodies)
+    for q, m, out in zip(QUESTIONS, [12, 6, 9], replies):
+        assert out["eagle"]["batch_size"] == 3
+        alone = gen.generate([gen.tokenizer.apply_chat([{"role": "user", "content": q}])], max_new_tokens=m,
+                             chat=False)
+        assert out["choices"][0]["message"]["content"] == alone.texts[0]
+        assert out["usage"]["completion_tokens"] == len(alone.token_ids[0])
+        assert out["eagle"]["acceptance_length"] >= 1.0
+
+
+def test_sampled_requests_batch_by_sampling_and_keep_their_seeds(batching):
+    gen, url = batching
+    sampled = {"temperature": 0.8, "top_k": 20, "max_tokens": 8}
+    bodies = [{"messages": [{"role": "user", "content": QUESTIONS[0]}], **sampled, "seed": 11},
+              {"messages": [{"role": "user", "content": QUESTIONS[1]}], **sampled, "seed": 12},
+              {"messages": [{"role": "user", "content": QUESTIONS[2]}], "max_tokens": 8}]
+    replies = _concurrently(url, bodies)
+    assert [r["eagle"]["batch_size"] for r in replies] == [2, 2, 1]  # greedy does not join the sampled batch
+    for body, out in zip(bodies[:2], replies):
+        alone = gen.generate([gen.tokenizer.apply_chat(body["messages"])], max_new_tokens=8, chat=False,
+                             temperature=0.8, top_k=20, seed=body["seed"])
+        assert out["choices"][0]["message"]["content"] == alone.texts[0]
+
+
 @pytest.mark.parametrize("body, match", [
     ({"max_tokens": 5}, "missing field 'messages'"),
     ({"messages": CHAT, "max_tokens": 0}, "max_tokens must be a positive integer"),
@@ -115,6 +174,7 @@ def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
     ({"messages": [{"role": "user"}]}, r"messages\[0\]"),
     ({"messages": CHAT, "n": 2}, "n must be 1"),
     ({"messages": CHAT, "top_p": 1.5}, "top_p"),
+    ({"messages": CHAT, "seed": -3}, r"seed must be in \[0, 2\*\*31 - 1\]"),
     ({"messages": [{"role": "user", "content": "word " * 9000}]}, "context"),
 ])
 def test_bad_requests_get_400_naming_the_problem(served, body, match):

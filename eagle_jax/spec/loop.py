@@ -27,7 +27,7 @@ from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter, target
 from eagle_jax.spec import tree as tree_lib
-from eagle_jax.spec.sampling import sample
+from eagle_jax.spec.sampling import sample, split_keys
 from eagle_jax.spec.stats import SpecStats
 from eagle_jax.spec.verify import accept
 
@@ -70,7 +70,7 @@ class DecodeState:
     done: jax.Array  # [B] bool
     prompt_len: jax.Array  # [B]
     max_new: jax.Array  # [B]
-    key: jax.Array
+    keys: jax.Array  # [B, 2] one PRNG key per row (spec/sampling.py)
     stats: SpecStats
 
 
@@ -133,7 +133,7 @@ def create_caches(lc: LoopConfig, batch: int, cache_len: int, dtype) -> tuple[KV
     return tcache, dcache
 
 
-def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, key, tcache: KVCache,
+def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, tcache: KVCache,
             dcache: KVCache | None, *, lc: LoopConfig, out_width: int) -> DecodeState:
     """Prompt pass for target (and drafter); emits the first token.
 
@@ -145,13 +145,13 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, key, tcache: K
     hidden, tcache, aux = _chunked_prefill(tparams, lc, tokens, tcache)
     tcache = tcache.replace(lengths=prompt_len.astype(jnp.int32))
     last_logits = target.logits(tparams, lc.target, _last(hidden, prompt_len - 1), impl=lc.impl)
-    key, sub = jax.random.split(key)
+    keys, sub = split_keys(keys, 2)
     first = sample(sub, last_logits, lc.sampling)
     state = DecodeState(
         tcache=tcache, dcache=None, pending=first, root_logits=None, root_feedback=None,
         out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
         done=jnp.zeros((b,), bool), prompt_len=prompt_len.astype(jnp.int32),
-        max_new=max_new.astype(jnp.int32), key=key,
+        max_new=max_new.astype(jnp.int32), keys=keys,
         stats=SpecStats.zeros(b, lc.spec.depth if lc.speculative else 0))
     state, _ = _emit(state, lc, first[:, None], jnp.ones((b,), jnp.int32))
     if not lc.speculative:
@@ -187,9 +187,9 @@ def _plain_step(tparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
     pos = state.tcache.lengths[:, None]
     hidden, tcache, _ = target.forward(tparams, lc.target, state.pending[:, None], pos,
                                        state.tcache, impl=lc.impl)
-    key, sub = jax.random.split(state.key)
+    keys, sub = split_keys(state.keys, 2)
     nxt = sample(sub, target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl), lc.sampling)
-    state, m = _emit(state.replace(key=key), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
+    state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
     return state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
 
 
@@ -197,7 +197,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     spec, dcfg = lc.spec, lc.drafter
     b = state.pending.shape[0]
     rows = jnp.arange(b)
-    key, k_draft, k_accept = jax.random.split(state.key, 3)
+    keys, k_draft, k_accept = split_keys(state.keys, 3)
     draft = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
                            state.root_feedback, state.dcache, spec, lc.sampling, k_draft, impl=lc.impl)
     base = state.tcache.lengths
@@ -210,7 +210,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     j = jnp.arange(spec.depth + 1)[None]
     path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)
     new_tokens = jnp.where(j < n_acc[:, None], path_tokens, nxt[:, None])
-    state, m = _emit(state.replace(key=key), lc, new_tokens, n_acc + 1)
+    state, m = _emit(state.replace(keys=keys), lc, new_tokens, n_acc + 1)
     stats = state.stats.record(m > 0, jnp.minimum(n_acc, m))
     # Commit root + accepted path nodes (m of them) and roll the drafter over them.
     tcache = tcache.compact(path, m)

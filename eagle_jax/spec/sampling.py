@@ -1,7 +1,12 @@
-"""Logit processing (temperature, top-k, top-p) and token sampling.
+"""Logit processing (temperature, top-k, top-p), token sampling and per-row keys.
 
 The same processing is applied to target and draft logits, so acceptance
 compares the two distributions the user asked for.
+
+Randomness is per row: the decode state holds one PRNG key per row
+(``[B, 2]`` uint32), and every draw splits each row's key on its own. A row's
+samples therefore depend on its own seed only, not on which other rows
+share the batch (what lets a server batch seeded requests together).
 """
 
 from __future__ import annotations
@@ -35,13 +40,33 @@ def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     return jax.nn.softmax(process_logits(logits, sampling), axis=-1)
 
 
-def sample(key, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
-    """One token per row of logits [..., V]: argmax when greedy, else a draw."""
+def row_keys(seeds: jax.Array, streams: jax.Array) -> jax.Array:
+    """One key per row [B, 2]: row b's is ``fold_in(PRNGKey(seeds[b]), streams[b])``."""
+    return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.PRNGKey(s), r))(seeds, streams)
+
+
+def split_keys(keys: jax.Array, n: int) -> jax.Array:
+    """Row keys [B, 2] -> n independent sets of row keys [n, B, 2]."""
+    return jax.vmap(lambda k: jax.random.split(k, n), out_axes=1)(keys)
+
+
+def uniform_rows(keys: jax.Array) -> jax.Array:
+    """One uniform draw in [0, 1) per row key [B, 2] -> [B]."""
+    return jax.vmap(lambda k: jax.random.uniform(k, ()))(keys)
+
+
+def categorical_rows(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """A draw from logits [B, ..., V] with row b's key -> [B, ...] int32."""
+    return jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(keys, logits).astype(jnp.int32)
+
+
+def sample(keys, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """One token per row of logits [B, ..., V]: argmax when greedy, else a draw (keys [B, 2])."""
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, process_logits(logits, sampling), axis=-1).astype(jnp.int32)
+    return categorical_rows(keys, process_logits(logits, sampling))
 
 
-def sample_probs(key, probs: jax.Array) -> jax.Array:
-    """Draw from explicit probabilities [..., V] (may be unnormalised, >= 0)."""
-    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+def sample_probs(keys, probs: jax.Array) -> jax.Array:
+    """Draw from explicit probabilities [B, ..., V] (may be unnormalised, >= 0)."""
+    return categorical_rows(keys, jnp.log(probs))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig
 from eagle_jax.models import drafter
-from eagle_jax.spec.sampling import probabilities
+from eagle_jax.spec.sampling import categorical_rows, probabilities, split_keys
 
 # Each level costs this much score, so a child always ranks strictly below its
 # parent and any top-(N-1) selection is closed under taking ancestors.
@@ -63,11 +63,12 @@ class DraftTree:
 
 def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_tokens,
           root_logits, root_feedback, dcache: KVCache, spec: SpecConfig,
-          sampling: SamplingConfig, key, *, impl: str = "auto") -> DraftTree:
+          sampling: SamplingConfig, keys, *, impl: str = "auto") -> DraftTree:
     """Build the draft tree for each row.
 
     root_tokens [B]; root_logits [B, Vd] the drafter's prediction of the token
     after the root; root_feedback [B, H] the feedback that produced it;
+    keys [B, 2] row keys (used by sampled chains only);
     dcache holds the drafter's committed context (lengths = target's).
     The drafter cache is returned to its committed state: drafted K/V are
     scratch. Draft positions: level-l nodes are processed at drafter position
@@ -77,7 +78,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     b = root_tokens.shape[0]
     target_ids = vocab.target_ids
     sampled_chain = spec.method == "chain" and not sampling.greedy
-    keys = jax.random.split(key, depth)
+    level_keys = split_keys(keys, depth)  # [depth, B, 2]
 
     def propose(logits, level_key):
         """Draft logits [B, F, Vd] -> (scores [B, F, k], draft ids [B, F, k], q [B, F, V] | None)."""
@@ -86,12 +87,12 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
             scores, ids = jax.lax.top_k(logp, k)
             return scores, ids, None
         q_draft = probabilities(logits, sampling)
-        ids = jax.random.categorical(level_key, jnp.log(q_draft), axis=-1)[..., None]
+        ids = categorical_rows(level_key, jnp.log(q_draft))[..., None]
         q_full = jnp.zeros(logits.shape[:-1] + vocab.t2d.shape, jnp.float32).at[..., target_ids].set(q_draft)
         return jnp.take_along_axis(logp, ids, axis=-1), ids, q_full
 
     # Level 1: children of the root.
-    s1, ids1, q1 = propose(root_logits[:, None, :], keys[0])
+    s1, ids1, q1 = propose(root_logits[:, None, :], level_keys[0])
     cand_score = [s1.reshape(b, k) - _LEVEL_EPS]
     cand_token = [target_ids[ids1.reshape(b, k)]]
     cand_parent = [jnp.full((b, k), -1, jnp.int32)]  # candidate id of the parent; -1 = root
@@ -120,7 +121,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
             dparams, dcfg, front_tok, front_hidden, positions,
             scratch.replace(lengths=base + offset), embed=embed, slot_mask=slot_mask,
             mask=jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k)), impl=impl)
-        scores, ids, q = propose(logits, keys[level])  # [B, k, k]
+        scores, ids, q = propose(logits, level_keys[level])  # [B, k, k]
         total = front_score[:, :, None] + scores - _LEVEL_EPS
         flat_score = total.reshape(b, k * k)
         cand_score.append(flat_score)

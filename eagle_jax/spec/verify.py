@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import SamplingConfig, SpecConfig
-from eagle_jax.spec.sampling import probabilities, sample_probs
+from eagle_jax.spec.sampling import probabilities, sample_probs, split_keys, uniform_rows
 from eagle_jax.spec.tree import DraftTree
 
 
-def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingConfig, key):
+def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingConfig, keys):
     """target_logits [B, N, V] of every tree node (node i's logits predict its child).
 
-    Returns (path [B, D+1] node indices starting with the root, valid for the
+    keys [B, 2] row keys. Returns (path [B, D+1] node indices starting with the root, valid for the
     first n+1 entries; n [B] accepted draft tokens; next_token [B]).
     """
     b, n_nodes, vocab = target_logits.shape
@@ -51,7 +51,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingC
 
     probs = probabilities(target_logits, sampling)  # [B, N, V]
     p = probs[:, 0]
-    keys = jax.random.split(key, depth * width + 1)
+    draws = split_keys(keys, depth * width + 1)  # [n, B, 2]
     for level in range(depth):
         taken = jnp.zeros((b,), bool)
         chosen = cur
@@ -66,7 +66,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingC
                 q = jax.nn.one_hot(tok, vocab, dtype=jnp.float32)
             p_tok = p[rows, tok]
             q_tok = q[rows, tok]
-            u = jax.random.uniform(keys[level * width + j], (b,))
+            u = uniform_rows(draws[level * width + j])
             ok = valid & (u * q_tok < p_tok)
             residual = jnp.maximum(p - q, 0.0)
             mass = jnp.sum(residual, axis=-1, keepdims=True)
@@ -79,4 +79,4 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingC
         accepted += taken
         alive = taken
         path.append(cur)
-    return jnp.stack(path, 1), accepted, sample_probs(keys[-1], p)
+    return jnp.stack(path, 1), accepted, sample_probs(draws[-1], p)

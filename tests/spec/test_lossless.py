@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from eagle_jax.config import SamplingConfig, SpecConfig
-from eagle_jax.generate import Generator
+from eagle_jax.generate import Generator, PromptError
 from eagle_jax.models import target
 from eagle_jax.spec.sampling import probabilities
 
@@ -112,3 +112,31 @@ def test_same_seed_same_output(setup):
     a = gen.generate([prompt] * 4, **kw).token_ids
     assert a == gen.generate([prompt] * 4, **kw).token_ids
     assert a != gen.generate([prompt] * 4, **{**kw, "seed": 124}).token_ids
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig("chain", num_speculative_tokens=3),
+                                  SpecConfig("tree", tree_top_k=2, tree_depth=3, tree_total_tokens=6)],
+                         ids=["plain", "chain", "tree"])
+def test_seeded_row_samples_the_same_alone_and_in_a_batch(setup, spec):
+    """Randomness is per row: a request seeded s draws the same tokens whatever shares its batch."""
+    tcfg, tparams, prompt, _, _ = setup
+    drafter = tiny_drafter(tcfg, "eagle3.1", draft_vocab=6) if spec else None
+    gen = Generator(tcfg, tparams, drafter=drafter, spec=spec or SpecConfig())
+    others = random_prompts(8, [3, 9], seed=4)
+    kw = dict(max_new_tokens=12, temperature=0.8)
+    alone = gen.generate([prompt], seed=[77], **kw).token_ids[0]
+    assert alone == gen.generate([prompt], seed=77, **kw).token_ids[0]  # one int = stream 0 of it
+    batched = gen.generate([others[0], prompt, others[1]], seed=[5, 77, 6], **kw).token_ids
+    assert batched[1] == alone
+    assert batched[0] != batched[2] or others[0] == others[1]
+    # One int seed for a batch: rows draw from different streams.
+    same = gen.generate([prompt] * 4, seed=77, **kw).token_ids
+    assert len({tuple(t) for t in same}) > 1
+
+
+def test_bad_seeds_are_rejected(setup):
+    tcfg, tparams, prompt, _, _ = setup
+    gen = Generator(tcfg, tparams)
+    for seed, msg in [([1, 2], "one per prompt"), (-1, r"\[0, 2\*\*31\)"), (1.5, "seed must be")]:
+        with pytest.raises(PromptError, match=msg):
+            gen.generate([prompt], seed=seed, max_new_tokens=2, temperature=0.8)
