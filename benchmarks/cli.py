@@ -6,6 +6,7 @@
     eagle-jax bench --quick --random-drafter eagle3.1   # machinery check, untrained drafter
     eagle-jax bench --suite drift [--quick]
     eagle-jax bench --suite plain-vs-transformers
+    eagle-jax bench --suite serve                   # HTTP server under concurrent load, batched vs not
     eagle-jax bench --suite report                  # re-render docs/benchmarks.md
 
 Drafters: every `--draft` (a directory or a bundled name), else the bundled
@@ -56,7 +57,7 @@ def _strs(s: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "report"], default="speed")
+    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "report"], default="speed")
     p.add_argument("--quick", action="store_true", help="small grid that fits in 10 minutes on a 2-core CPU")
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--draft", action="append", default=[],
@@ -92,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="do not re-render the report afterwards")
     # drift suite
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
+    # serve suite
+    p.add_argument("--serve-clients", type=int, default=8, help="serve: concurrent clients (= batched max_batch)")
+    p.add_argument("--batch-window-ms", type=float, default=20.0, help="serve: the server's batch window")
 
 
 def _settings(args) -> dict:
@@ -375,6 +379,10 @@ def main(args) -> int:
         from eagle_jax.benchmarks import drift
 
         result = drift.run(args, log)
+    elif args.suite == "serve":
+        from eagle_jax.benchmarks import serve_load
+
+        result = serve_load.run(args, log)
     else:
         result = run_speed(args, log)
     result["partial"] = False

@@ -3,7 +3,7 @@
     eagle-jax bench --suite report [--output-dir DIR] [--docs PATH]
     python -m eagle_jax.benchmarks.report
 
-For each suite (speed, drift, plain_vs_transformers) the newest result per
+For each suite (speed, drift, plain_vs_transformers, serve) the newest result per
 (mode, machine) is rendered; older files are listed at the end. Every table
 is captioned with the command, the machine and the date of its run.
 Hand-written commentary lives in benchmarks/results/analysis.md and is
@@ -488,6 +488,28 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
     return figs
 
 
+# ----------------------------------------------------------------------------- serve
+
+
+def render_serve(r: dict) -> str:
+    st = r.get("settings", {})
+    out = [f"### {st.get('clients')} concurrent clients, batched vs one at a time ({r.get('date', '?')[:10]})", "",
+           caption(r), "",
+           f"`eagle-jax serve` in-process, {st.get('clients')} greedy chat requests (HumanEval) sent at once, "
+           f"{st.get('max_new_tokens')} new tokens each, batch window {fmt(st.get('batch_window_ms'), 0)} ms, "
+           f"{st.get('rounds')} timed rounds alternating the two servers after a warm-up.", "",
+           "| engine | tok/s, max_batch 1 | tok/s, batched | batched / unbatched (paired median) | "
+           "mean latency s, 1 / batched | batch sizes seen | same texts (rounds) | warm-up s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, e in r.get("engines", {}).items():
+        sizes = sorted({b for x in e.get("batched", []) for b in x["batch_sizes"]})
+        out.append(f"| {name} | {fmt(e.get('tokens_per_s_unbatched'), 1)} | {fmt(e.get('tokens_per_s_batched'), 1)} | "
+                   f"{fmt(e.get('speedup_paired_median'))} | {fmt(e.get('latency_mean_s_unbatched'), 1)} / "
+                   f"{fmt(e.get('latency_mean_s_batched'), 1)} | {', '.join(map(str, sizes))} | "
+                   f"{e.get('same_texts_rounds')} / {len(e.get('batched', []))} | {fmt(e.get('warmup_s'), 0)} |")
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------- document
 
 
@@ -506,6 +528,7 @@ python benchmarks/plain_vs_transformers.py          # plain decoding vs transfor
 eagle-jax bench --quick                             # < 10 min on a 2-core CPU
 eagle-jax bench                                     # full grid (batch 1/4/16, T 0 and 0.7, long context)
 eagle-jax bench --suite drift [--quick]             # attention-drift diagnostics
+eagle-jax bench --suite serve                       # the HTTP server under concurrent load
 eagle-jax bench --suite report                      # re-render this file
 ```
 
@@ -548,7 +571,8 @@ def render(results_dir: str | None = None, docs_path: str | None = None) -> str:
             parts.append("## Analysis\n\n" + f.read().strip() + "\n")
     sections = [("plain_vs_transformers", "## Plain decoding vs transformers", render_plain_vs_transformers),
                 ("speed", "## Decoding speed", lambda r: render_speed(r, docs_path)),
-                ("drift", "## Attention drift", lambda r: render_drift(r, docs_path))]
+                ("drift", "## Attention drift", lambda r: render_drift(r, docs_path)),
+                ("serve", "## Serving under concurrent load", render_serve)]
     for suite, title, fn in sections:
         rs = [r for r in chosen if r["suite"] == suite]
         parts.append(title + "\n")

@@ -80,6 +80,16 @@ def results(tmp_path):
         "warm_start_target_s": 10.0, "warm_start_target_met": False,
         "warm_start_breakdown": {"import_jax_s": 1.0, "load_target_s": 6.0, "process_wall_s": 12.0},
         "profile": {"step_ms_median": 40.0, "weight_bytes": 5e8, "kv_cache_bytes_read": 1e6}})
+    burst = lambda tps, sizes: {"wall_s": 1.0, "tokens": 64, "tokens_per_s": tps, "latency_mean_s": 2.0,
+                                "latency_max_s": 3.0, "batch_sizes": sizes}
+    _write(rd / "serve-load-1.json", {
+        **head, "suite": "serve", "mode": "load", "date": "2026-01-01T00:00:00",
+        "command": "eagle-jax bench --suite serve",
+        "settings": {"clients": 8, "max_new_tokens": 64, "rounds": 1, "batch_window_ms": 20.0},
+        "engines": {"plain": {"warmup_s": 30.0, "unbatched": [burst(20.0, [1])], "batched": [burst(61.0, [8])],
+                              "tokens_per_s_unbatched": 20.0, "tokens_per_s_batched": 61.0,
+                              "latency_mean_s_unbatched": 9.5, "latency_mean_s_batched": 4.2,
+                              "speedup_paired_median": 3.05, "same_texts_rounds": 1}}})
     (rd / "analysis.md").write_text("Hand-written findings.\n")
     (rd / "not-a-result.json").write_text("[1, 2]")
     return rd
@@ -96,6 +106,7 @@ def test_render_writes_tables_captions_and_figures(results, tmp_path):
     assert "peer `llama.cpp` not run: ImportError: x" in text
     assert "| `chain-k2/random-eagle3.1` |" in text
     assert "speed-quick-0.json" in text  # the older file is listed, not rendered
+    assert "| plain | 20.0 | 61.0 | 3.05 | 9.5 / 4.2 | 8 | 1 / 1 | 30 |" in text
     # every table is preceded (within a few lines) by a caption naming command, machine, date
     lines = text.splitlines()
     for i, line in enumerate(lines):
