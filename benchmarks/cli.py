@@ -91,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", default=None, help="default: benchmarks/results")
     p.add_argument("--docs", default=None, help="report path (default docs/benchmarks.md)")
     p.add_argument("--no-report", action="store_true", help="do not re-render the report afterwards")
+    p.add_argument("--label", default=None,
+                   help="name of a partial grid (e.g. long-context): the report keeps the newest run per label "
+                        "beside the quick and full ones (default: quick or full)")
     # drift suite
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
     # serve suite
@@ -182,7 +185,7 @@ def run_speed(args, log) -> dict:
 
     st = _settings(args)
     result = H.result_header("speed")
-    result["mode"] = "quick" if args.quick else "full"
+    result["mode"] = args.label or ("quick" if args.quick else "full")
     result["settings"] = st
     result["partial"] = True
     t_start = time.perf_counter()

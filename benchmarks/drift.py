@@ -226,7 +226,7 @@ def run(args, log) -> dict:
     per_length = args.long_per_length or (1 if quick else 2)
     n_short = args.num_prompts or (1 if quick else 4)
     result = H.result_header("drift")
-    result["mode"] = "quick" if quick else "full"
+    result["mode"] = args.label or ("quick" if quick else "full")
     result["settings"] = {"depth": depth, "max_new_tokens": max_new, "long_lengths": lengths,
                           "long_per_length": per_length, "short_prompts_per_dataset": n_short,
                           "sink_tokens": SINK_TOKENS, "prompt_query_min_pos": PROMPT_QUERY_MIN_POS}
