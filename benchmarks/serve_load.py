@@ -12,6 +12,11 @@ after an untimed warm-up that compiles both. Reported: total tokens/s, mean
 and worst request latency, the batch sizes the replies report, the ratio
 batched / unbatched within the same round, and whether the batched replies
 are the same text as the unbatched ones.
+
+This is static batching's best case: greedy requests with the same
+max_tokens that arrive together. A round whose requests split into more than
+one batch may include a compile of the new shape; the batch sizes each round
+saw are recorded so such rounds can be told apart.
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ def run(args, log) -> dict:
     target = load_target(args.target, dtype=dtype)
     prompts = ds.build_suite(target.tokenizer, humaneval=clients)["humaneval"]
     bodies = [{"messages": [{"role": "user", "content": p.text}], "max_tokens": max_new} for p in prompts]
+    if len(args.draft) > 1:
+        raise SystemExit("--suite serve measures one drafter: pass at most one --draft")
     draft = args.draft[0] if args.draft else "default"
     engines = {"plain": None, f"EAGLE ({draft})": load_drafter_by_name(draft, target.cfg, args.target, dtype=dtype)}
     result["engines"] = {}
@@ -124,5 +131,6 @@ def run(args, log) -> dict:
             "latency_mean_s_batched": statistics.median(r["latency_mean_s"] for r in many),
             "speedup_paired_median": statistics.median(ratios),
             "same_texts_rounds": same,
+            "split_rounds": sum(r["batch_sizes"] != [clients] for r in many),
         }
     return result

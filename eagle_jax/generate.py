@@ -157,6 +157,8 @@ class Generator:
         max_new = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(max_new) != b or any((not isinstance(m, int)) or m < 1 for m in max_new):
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
+        # No row can outgrow the context: capping here keeps the output buffer small.
+        max_new = [min(m, self.context_limit - len(x)) for m, x in zip(max_new, ids)]
         lc = self._loop_config(sampling)
         lens = [len(x) for x in ids]
         min_p, min_cache, min_out = self.min_shapes
@@ -292,16 +294,26 @@ class TextStream:
 
 
 def _row_keys(seed, b: int) -> jax.Array:
-    """Per-row PRNG keys [B, 2]. One int seed s: row r draws from stream r of s.
-    A list: row r draws from stream 0 of seed[r], so a request seeded s samples
-    the same alone or inside any batch."""
-    one = isinstance(seed, (int, np.integer))
-    seeds = [seed] * b if one else list(seed) if isinstance(seed, (list, tuple)) else None
-    if (seeds is None or len(seeds) != b or any(
-            not isinstance(x, (int, np.integer)) or isinstance(x, bool) or not 0 <= x < 2 ** 31 for x in seeds)):
-        raise PromptError(f"seed must be an int in [0, 2**31) or one per prompt, got {seed!r}")
-    streams = range(b) if one else [0] * b
-    return row_keys(jnp.asarray(seeds, jnp.int32), jnp.asarray(list(streams), jnp.int32))
+    """Per-row PRNG keys [B, 2] from (seed, stream) pairs.
+
+    One int s: row r draws from stream r of s. A list, one entry per row: an
+    int s (stream 0 of s) or a (seed, stream) pair. A row's samples depend on
+    its pair only, so rows can be regrouped into other batches unchanged."""
+    def is_int(x):
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if is_int(seed):
+        pairs = [(seed, r) for r in range(b)]
+    elif isinstance(seed, (list, tuple)):
+        pairs = [(x, 0) if is_int(x) else tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in seed]
+    else:
+        pairs = None
+    if (pairs is None or len(pairs) != b
+            or any(len(p) != 2 or not all(is_int(v) and 0 <= v < 2 ** 31 for v in p) for p in pairs)):
+        raise PromptError(f"seed must be an int in [0, 2**31), or one per prompt (an int or a (seed, stream) "
+                          f"pair), got {seed!r}")
+    seeds, streams = zip(*pairs)
+    return row_keys(jnp.asarray(seeds, jnp.int32), jnp.asarray(streams, jnp.int32))
 
 
 def _row_stops(stop, b: int) -> list[list[str]]:

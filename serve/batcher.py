@@ -1,15 +1,21 @@
 """Cross-request batching for `eagle-jax serve`.
 
 Requests that arrive within a short window of each other and ask for the same
-sampling (temperature, top_p, top_k) run as one batch: one compiled prefill and
-one compiled loop, each row with its own max_tokens, stop strings and seed.
-Rows accept different numbers of drafts per step, so nothing in one request
-changes another's output: greedy rows give what they give alone, and sampled
-rows draw from their own per-row keys (prompt i of a request seeded s is
-seeded s + i, in a batch or not).
+sampling (temperature, top_p, top_k; every greedy request shares one group)
+run as one static batch: one compiled prefill and one compiled loop, each row
+with its own max_tokens, stop strings and seed. A batch ends when its longest
+row ends, so a short request batched with a long one waits for it.
+
+Rows accept different numbers of drafts per step and draw from their own
+per-row keys (prompt i of a request seeded s uses stream i of s, as
+`Generator.generate(prompts, seed=s)` does), so a request's output does not
+depend on what shares its batch, up to the floating-point rounding of a
+differently shaped batch (exact in the fp32 CPU tests).
 
 The batch is padded with finished dummy rows up to a power of two (at most
-`max_batch`), so a handful of compiled shapes serve every batch size.
+`max_batch`), so a handful of compiled shapes serve every batch size. If a
+batch of several requests fails, each request is retried alone, so one
+request's failure is its own.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class BatchSlice:
     result: object  # eagle_jax.generate.GenerationResult of the whole batch
     rows: list[int]  # this request's rows in it
     batch_size: int  # real (unpadded) rows in the batch
+    queue_s: float  # from arrival until its batch started running
 
 
 @dataclass
@@ -41,6 +48,9 @@ class _Job:
 
     @property
     def sampling(self) -> tuple:
+        """The batching key: what the compiled loop fixes (greedy ignores top_p and top_k)."""
+        if self.kw["temperature"] == 0:
+            return 0.0, 1.0, 0
         return self.kw["temperature"], self.kw["top_p"], self.kw["top_k"]
 
 
@@ -62,12 +72,21 @@ class Batcher:
         self.max_batch, self.window_s = max_batch, window_s
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
+        self._closed = False
         threading.Thread(target=self._work, name="eagle-jax-batcher", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the worker once the queue is empty (later submits fail)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
 
     def submit(self, ids: list[list[int]], kw: dict) -> BatchSlice:
         """Run one request (token-id prompts, generate() keywords); blocks until done."""
         job = _Job(ids, kw)
         with self._cv:
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
             self._jobs.append(job)
             self._cv.notify()
         job.done.wait()
@@ -75,11 +94,14 @@ class Batcher:
             raise job.error
         return job.out
 
-    def _take(self) -> list[_Job]:
+    def _take(self) -> list[_Job] | None:
         """Wait for the oldest job, then for the window to close or the batch to fill;
-        return it with every queued job of the same sampling that still fits."""
+        return it with every queued job of the same sampling that still fits
+        (None once closed and drained)."""
         with self._cv:
             while not self._jobs:
+                if self._closed:
+                    return None
                 self._cv.wait()
             first = self._jobs[0]
             while True:
@@ -98,18 +120,26 @@ class Batcher:
             return batch
 
     def _work(self) -> None:
-        while True:
-            batch = self._take()
-            try:
-                with self.lock:
-                    result, rows, n = self._run(batch)
-                for job, r in zip(batch, rows):
-                    job.out = BatchSlice(result, r, n)
-            except BaseException as e:  # noqa: BLE001 - every waiting request gets the failure
+        while (batch := self._take()) is not None:
+            self._serve(batch)
+
+    def _serve(self, batch: list[_Job]) -> None:
+        """Run a batch and hand each job its rows; a failed batch of several jobs
+        is retried job by job, so each job gets its own outcome."""
+        try:
+            with self.lock:
+                start = time.monotonic()
+                result, rows, n = self._run(batch)
+            for job, r in zip(batch, rows):
+                job.out = BatchSlice(result, r, n, start - job.arrived)
+        except BaseException as e:  # noqa: BLE001 - the waiting request gets the failure
+            if len(batch) > 1:
                 for job in batch:
-                    job.error = e
-            for job in batch:
-                job.done.set()
+                    self._serve([job])
+                return
+            batch[0].error = e
+        for job in batch:
+            job.done.set()
 
     def _run(self, batch: list[_Job]):
         ids, max_new, seeds, stops, rows = [], [], [], [], []
@@ -117,7 +147,7 @@ class Batcher:
             rows.append(list(range(len(ids), len(ids) + len(job.ids))))
             ids += job.ids
             max_new += [job.kw["max_new_tokens"]] * len(job.ids)
-            seeds += [job.kw["seed"] + i for i in range(len(job.ids))]
+            seeds += [(job.kw["seed"], i) for i in range(len(job.ids))]
             stops += [job.kw["stop"]] * len(job.ids)
         n = len(ids)
         pad = _padded(n, self.max_batch) - n  # finished after their first token

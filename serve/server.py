@@ -17,9 +17,11 @@ completion prompts: server-sent events, one chunk per accepted piece of text).
 and an `eagle` block (acceptance length, per-position acceptance, tokens/s).
 
 Concurrent non-streamed requests with the same sampling settings are batched
-together (serve/batcher.py: `--max-batch` rows, gathered for `--batch-window-ms`);
-a request's output does not depend on what shares its batch. A `seed` s seeds
-prompt i of the request with s + i. Streamed requests run alone, one at a time.
+together (serve/batcher.py: static batches of up to `--max-batch` rows, gathered
+for `--batch-window-ms`); a request's output does not depend on what shares its
+batch, and prompt i of a request seeded s samples as row i of
+`Generator.generate(prompts, seed=s)`. Streamed requests run alone, one at a time.
+The `eagle` block reports `batch_size` and `queue_s` (waiting before its batch ran).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from eagle_jax.config import SamplingConfig
 from eagle_jax.serve.batcher import Batcher
 
 __all__ = ["add_arguments", "main", "make_server", "RequestError"]
@@ -69,6 +72,13 @@ def _check_fields(body: dict, required: str) -> dict:
     for key in ("top_k", "seed"):
         if not isinstance(kw[key], int) or isinstance(kw[key], bool):
             raise RequestError(f"{key} must be an integer, got {kw[key]!r}")
+    # Checked here, not in the batch: one bad request must not fail the others.
+    if not 0 <= kw["seed"] < 2 ** 31:
+        raise RequestError(f"seed must be in [0, 2**31), got {kw['seed']}")
+    try:
+        SamplingConfig(temperature=kw["temperature"], top_k=kw["top_k"], top_p=kw["top_p"])
+    except ValueError as e:
+        raise RequestError(str(e)) from None
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
@@ -124,9 +134,6 @@ class Service:
             ids = self.gen.encode_prompts(ids, chat=False)
         except ValueError as e:
             raise RequestError(str(e)) from None
-        if not 0 <= kw["seed"] <= 2 ** 31 - len(ids):
-            raise RequestError(f"seed must be in [0, 2**31 - {len(ids)}] for {len(ids)} prompt(s), "
-                               f"got {kw['seed']}")
         return ids, kw
 
     def run(self, kind: str, body: dict) -> dict:
@@ -153,7 +160,8 @@ class Service:
                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                          "total_tokens": prompt + completion},
                "eagle": {"draft": self.draft, "tokens_per_s": completion / max(res.wall_s, 1e-9),
-                         "ttft_s": res.ttft_s, "wall_s": res.wall_s, "batch_size": part.batch_size}}
+                         "ttft_s": res.ttft_s, "wall_s": res.wall_s, "batch_size": part.batch_size,
+                         "queue_s": part.queue_s}}
         if self.gen.speculative:
             stats = res.stats_of(rows)
             out["eagle"].update({k: stats.get(k) for k in ("acceptance_length", "per_position_acceptance")})
@@ -265,7 +273,13 @@ def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_n
     """An HTTP server (not yet started: call serve_forever) around `generator`."""
     service = Service(generator, model_name, draft_name, max_batch=max_batch, batch_window_s=batch_window_s)
     handler = type("Handler", (_Handler,), {"service": service})
-    return ThreadingHTTPServer((host, port), handler)
+    return _Server((host, port), handler)
+
+
+class _Server(ThreadingHTTPServer):
+    def server_close(self) -> None:
+        super().server_close()
+        self.RequestHandlerClass.service.batcher.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -129,14 +129,16 @@ def test_seeded_row_samples_the_same_alone_and_in_a_batch(setup, spec):
     batched = gen.generate([others[0], prompt, others[1]], seed=[5, 77, 6], **kw).token_ids
     assert batched[1] == alone
     assert batched[0] != batched[2] or others[0] == others[1]
-    # One int seed for a batch: rows draw from different streams.
+    # One int seed for a batch: rows draw from different streams, and row r's is the pair (seed, r).
     same = gen.generate([prompt] * 4, seed=77, **kw).token_ids
     assert len({tuple(t) for t in same}) > 1
+    assert gen.generate([others[0], prompt], seed=[4, (77, 2)], **kw).token_ids[1] == same[2]
 
 
 def test_bad_seeds_are_rejected(setup):
     tcfg, tparams, prompt, _, _ = setup
     gen = Generator(tcfg, tparams)
-    for seed, msg in [([1, 2], "one per prompt"), (-1, r"\[0, 2\*\*31\)"), (1.5, "seed must be")]:
+    for seed, msg in [([1, 2], "one per prompt"), (-1, r"\[0, 2\*\*31\)"), (1.5, "seed must be"),
+                      ([(1, 2, 3)], "pair"), ([(1, -2)], "pair")]:
         with pytest.raises(PromptError, match=msg):
             gen.generate([prompt], seed=seed, max_new_tokens=2, temperature=0.8)
