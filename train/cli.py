@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target name, HF dir, .gguf or hub id")
     p.add_argument("--data", help="'sharegpt' (default), a JSONL of conversations, or several, comma-separated")
     p.add_argument("--max-conversations", type=int, help="conversations read (0 = all)")
+    p.add_argument("--init-from", help="start from this drafter checkpoint dir (its weights and draft vocab)")
     p.add_argument("--steps", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--ttt-length", type=int)
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
 
 
-_FLAG_KEYS = ("variant", "target", "data", "max_conversations", "steps", "lr", "ttt_length",
+_FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "steps", "lr", "ttt_length",
               "draft_vocab_size", "batch_size", "seq_len", "output_dir", "resume", "eval_every",
               "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress")
 
@@ -171,7 +172,14 @@ def prepare(cfg):
                                                           "n_convs": len(train), "content": content})
     freqs = vocab_lib.token_frequencies(examples, lt.cfg.vocab_size)
     vd = min(cfg.draft_vocab_size, lt.cfg.vocab_size)
-    d2t, t2d = vocab_lib.build_draft_vocab(freqs, vd, lt.cfg.vocab_size)
+    if cfg.init_from:  # the starting drafter's vocabulary, whatever this data's frequencies say
+        from eagle_jax.train.trainer import build_drafter_config, load_init_drafter
+
+        _, init_vocab = load_init_drafter(cfg.init_from, build_drafter_config(lt.cfg, cfg), lt.cfg)
+        t2d = np.asarray(init_vocab.t2d, bool)
+        d2t = np.asarray(init_vocab.d2t)
+    else:
+        d2t, t2d = vocab_lib.build_draft_vocab(freqs, vd, lt.cfg.vocab_size)
     vpath = out / "draft_vocab.npz"
     if vpath.is_file() and cfg.resume:
         with np.load(vpath) as z:

@@ -15,6 +15,11 @@ except
 
 Both need ``hidden_size == target hidden_size`` (true for the usual EAGLE-3
 drafters, which copy the target's layer shape); otherwise they stay random.
+With ``init_from`` (a drafter checkpoint directory in any format
+``load_drafter`` reads) a fresh run starts from that drafter's weights and
+keeps its draft vocabulary instead (`load_init_drafter`): fine-tuning a
+released drafter, or continuing one on new data. Its shape, variant and aux
+layers must equal the configured ones.
 The embedding is the target's ``embed`` [V, H], passed to every step as a
 frozen input: it is not part of the trained parameters, the optimiser state,
 the checkpoints or the export (``has_embedding`` stays False).
@@ -72,6 +77,7 @@ __all__ = [
     "VARIANTS",
     "build_drafter_config",
     "init_drafter_params",
+    "load_init_drafter",
     "make_optimizer",
     "make_train_step",
     "iter_batches",
@@ -105,6 +111,7 @@ class TrainConfig:
     num_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    init_from: str | None = None  # a drafter checkpoint dir to start from (its weights and draft vocab)
     # optimisation
     steps: int = 1000
     batch_size: int = 4
@@ -238,6 +245,28 @@ def init_drafter_params(dcfg: DrafterConfig, tcfg: TargetConfig, tparams, vocab:
         # a copy: the train step donates the params, which must not alias the target's
         params["norm"] = jnp.array(tparams["final_norm"], jnp.float32, copy=True)
     return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
+_INIT_FIELDS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+                "draft_vocab_size", "target_hidden_size", "aux_layer_ids", "fc_norm", "norm_before_fc",
+                "norm_before_residual", "norm_output", "qkv_bias", "o_bias")
+
+
+def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: TargetConfig,
+                      dtype=jnp.float32) -> tuple[dict, drafter.DraftVocab]:
+    """(params in `dtype`, draft vocab) of the drafter at `path`; ConfigError if it is not `dcfg`'s shape."""
+    from eagle_jax.convert.drafter_formats import load_drafter
+
+    lcfg, params, vocab = load_drafter(path, tcfg, dtype=jnp.float32)
+    diff = [f"{k} {getattr(lcfg, k)!r} (config: {getattr(dcfg, k)!r})" for k in _INIT_FIELDS
+            if getattr(lcfg, k) != getattr(dcfg, k)]
+    if diff:
+        raise ConfigError(f"init_from {path}: the drafter there differs from the configured one: "
+                          + "; ".join(diff))
+    if lcfg.has_embedding:
+        raise ConfigError(f"init_from {path}: the drafter carries its own embedding; training here "
+                          "uses the target's (frozen) embedding")
+    return jax.tree.map(lambda x: jnp.array(x, dtype, copy=True), params), vocab
 
 
 def make_schedule(cfg: TrainConfig):
@@ -419,7 +448,8 @@ def plot_curves(log_path, png_path) -> None:
 # Settings whose change makes a resumed run differ from the uninterrupted one.
 _RESUME_KEYS = ("variant", "draft_vocab_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
                 "step_decay", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
-                "grad_clip", "dtype", "param_dtype", "seed", "data", "max_conversations", "target", "steps")
+                "grad_clip", "dtype", "param_dtype", "seed", "data", "max_conversations", "target", "steps",
+                "init_from")
 
 class Trainer:
     """One training run (see the module docstring)."""
@@ -476,8 +506,14 @@ class Trainer:
     def init_state(self) -> dict:
         key = jax.random.PRNGKey(self.cfg.seed)
         key, sub = jax.random.split(key)
-        params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub,
-                                     dtype=self.param_dtype)
+        if self.cfg.init_from:
+            params, vocab = load_init_drafter(self.cfg.init_from, self.dcfg, self.tcfg, self.param_dtype)
+            if not np.array_equal(np.asarray(vocab.target_ids), np.asarray(self.vocab.target_ids)):
+                raise ConfigError(f"init_from {self.cfg.init_from}: its draft vocabulary differs from the "
+                                  "one given to the trainer")
+        else:
+            params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub,
+                                         dtype=self.param_dtype)
         return {"step": jnp.zeros((), jnp.int32), "params": params,
                 "opt_state": self.tx.init(params), "key": key}
 
@@ -739,8 +775,10 @@ class Trainer:
             f"- hidden {d.hidden_size}, heads {d.num_heads}/{d.num_kv_heads} (head_dim {d.head_dim}), "
             f"FFN {d.intermediate_size}, draft vocab {d.draft_vocab_size} of {d.vocab_size}",
             f"- aux layers (input of target layer i) {list(d.aux_layer_ids)}",
-            f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; "
-            f"embedding shared from the target (not exported)",
+            (f"- init: the drafter at {cfg.init_from} (its weights and draft vocabulary); "
+             if cfg.init_from else
+             f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; ")
+            + "embedding shared from the target (not exported)",
             f"- export: {cfg.export_format} format, {cfg.export_dtype or cfg.param_dtype}",
             "",
             "## Full config",

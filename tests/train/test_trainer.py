@@ -353,3 +353,27 @@ def test_read_conversations_concatenates_sources(tmp_path):
     assert got[2]["messages"][1] == {"role": "assistant", "content": "r"}
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         cli.read_conversations(f"{a},{tmp_path / 'missing.jsonl'}", None)
+
+
+def test_init_from_starts_at_the_exported_drafter(setup, tmp_path):
+    """init_from: a fresh run starts from an exported drafter's weights and vocab; a mismatch is named."""
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, vocab = setup
+    first = Trainer(small_cfg(tmp_path / "a", steps=4, export=True, export_dtype="float32"),
+                    TCFG, tparams, train, vocab)
+    first.run()
+    exported = tmp_path / "a" / "drafter"
+    second = Trainer(small_cfg(tmp_path / "b", steps=2, init_from=str(exported)), TCFG, tparams, train, vocab)
+    start = jax.tree.map(np.asarray, second.init_state()["params"])
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), start, _params(first))
+    second.run()
+    assert "init: the drafter at" in (tmp_path / "b" / "model_card.md").read_text()
+
+    with pytest.raises(ConfigError, match="fc_norm False"):
+        Trainer(small_cfg(tmp_path / "c", variant="eagle3.1", init_from=str(exported)),
+                TCFG, tparams, train, vocab).init_state()
+    other = make_vocab(train[::-1], size=64)
+    with pytest.raises(ConfigError, match="draft_vocab_size 128"):
+        Trainer(small_cfg(tmp_path / "d", draft_vocab_size=64, init_from=str(exported)),
+                TCFG, tparams, train, other).init_state()
