@@ -207,9 +207,9 @@ def _shaped_generator_class():
 
         shape: tuple[int, int, int] | None = None
 
-        def _prepare(self, prompts, max_new_tokens, sampling, seed, chat):
+        def _prepare(self, prompts, max_new_tokens, sampling, seed, chat, stop):
             self.min_shapes = self.shape or (0, 0, 0)
-            return super()._prepare(prompts, max_new_tokens, sampling, seed, chat)
+            return super()._prepare(prompts, max_new_tokens, sampling, seed, chat, stop)
 
     return ShapedGenerator
 

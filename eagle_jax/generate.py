@@ -151,9 +151,12 @@ class Generator:
                                context_limit=self.context_limit, prefill_chunk=self.prefill_chunk,
                                impl=self.impl)
 
-    def _prepare(self, prompts, max_new_tokens, sampling, seed, chat):
+    def _prepare(self, prompts, max_new_tokens, sampling, seed, chat, stop):
+        """Validate everything, then allocate: (ids, lc, args, static, stops per row)."""
         ids = self.encode_prompts(prompts, chat)
         b = len(ids)
+        stops = _row_stops(stop, b)
+        keys = _row_keys(seed, b)
         max_new = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(max_new) != b or any((not isinstance(m, int)) or m < 1 for m in max_new):
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
@@ -172,8 +175,8 @@ class Generator:
         out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
         caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
         args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
-                _row_keys(seed, b), *caches)
-        return ids, lc, args, dict(lc=lc, out_width=out_width)
+                keys, *caches)
+        return ids, lc, args, dict(lc=lc, out_width=out_width), stops
 
     # ------------------------------------------------------------------ running
 
@@ -187,8 +190,7 @@ class Generator:
         sample as it would alone.
         """
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        ids, lc, args, static = self._prepare(prompts, max_new_tokens, sampling, seed, chat)
-        stops = _row_stops(stop, len(ids))
+        ids, lc, args, static, stops = self._prepare(prompts, max_new_tokens, sampling, seed, chat, stop)
         t0 = time.perf_counter()
         state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
         jax.block_until_ready(state.pending)
@@ -209,8 +211,8 @@ class Generator:
         if self.tokenizer is None:
             raise PromptError("streaming text needs a tokenizer")
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        ids, lc, args, static = self._prepare([prompt], max_new_tokens, sampling, seed, chat)
-        return TextStream(self._stream_pieces(ids[0], lc, args, static, _row_stops(stop, 1)[0]))
+        ids, lc, args, static, stops = self._prepare([prompt], max_new_tokens, sampling, seed, chat, stop)
+        return TextStream(self._stream_pieces(ids[0], lc, args, static, stops[0]))
 
     def _stream_pieces(self, prompt_ids, lc, args, static, stop) -> Iterator[str]:
         """The pieces of :meth:`stream`; returns the finish reason."""

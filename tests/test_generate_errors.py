@@ -171,3 +171,14 @@ def test_mismatched_drafter_checkpoint_is_refused_on_load(smollm2_target, tmp_pa
     with pytest.raises(ConfigError, match=r"vocab_size 32000 of the drafter differs from the "
                                           r"target's 49152"):
         load_drafter(tmp_path / "d", target_cfg=smollm2_target.cfg)
+
+
+@pytest.mark.parametrize("stop, match", [
+    ([["a"], ["b"], ["c"]], r"3 stop lists for 2 prompts"),
+    ([1, 2], r"stop must be strings"),
+])
+def test_bad_stop_lists(gen, stop, match):
+    with pytest.raises(PromptError, match=match):
+        gen.generate(["one", "two"], max_new_tokens=4, stop=stop)
+    with pytest.raises(PromptError, match=r"stop must be strings"):
+        gen.stream("one", max_new_tokens=4, stop=[3])
