@@ -66,8 +66,8 @@ def step_accuracy(tcfg, tparams, tokenizer, dcfg, dparams, vocab, convs, *, step
     t2d = jnp.asarray(vocab.t2d, bool)
     feat = features.make_feature_fn(tcfg, dcfg.aux_layer_ids)
 
-    @jax.jit
-    def hits(tokens, lengths, mask):
+    @jax.jit  # weights as arguments: closed-over weights would be constant-folded by XLA (minutes)
+    def hits(tparams, dparams, tokens, lengths, mask):
         f = feat(tparams, tokens, target_ids, t2d)
         logits = ttt.unroll(dparams, dcfg, tparams["embed"], f.aux, tokens, lengths, steps)
         lm = mask.astype(jnp.float32)
@@ -89,7 +89,7 @@ def step_accuracy(tcfg, tparams, tokenizer, dcfg, dparams, vocab, convs, *, step
         tokens[0, :n] = e["input_ids"]
         mask = np.zeros((1, seq_len), np.int32)
         mask[0, :n] = e["loss_mask"]
-        total += np.asarray(hits(jnp.asarray(tokens), jnp.asarray([n], jnp.int32), jnp.asarray(mask)))
+        total += np.asarray(hits(tparams, dparams, jnp.asarray(tokens), jnp.asarray([n], jnp.int32), jnp.asarray(mask)))
     return {"strict": [round(float(h / max(c, 1)), 4) for h, c, _, _ in total],
             "in_vocab": [round(float(h / max(c, 1)), 4) for _, _, h, c in total],
             "response_tokens": int(total[0, 1]), "conversations": len(examples)}
