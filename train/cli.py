@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--ttt-length", type=int)
+    p.add_argument("--labels", choices=["soft", "hard"],
+                   help="soft: the target's distribution over the draft vocab (default); hard: its argmax")
     p.add_argument("--draft-vocab-size", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--seq-len", type=int)
@@ -59,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
 
 
-_FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "steps", "lr", "ttt_length",
+_FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "steps", "lr", "ttt_length", "labels",
               "draft_vocab_size", "batch_size", "seq_len", "output_dir", "resume", "eval_every",
               "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress")
 

@@ -119,6 +119,7 @@ class TrainConfig:
     bucket_lengths: list[int] | None = None  # pad each batch only to the smallest bucket that fits
     ttt_length: int = 3
     step_decay: float = 0.8
+    labels: str = "soft"  # soft: the target's distribution over the draft vocab; hard: its argmax
     lr: float = 3e-4
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
@@ -186,6 +187,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if self.ttt_length > self.seq_len - 2:
             raise ConfigError(f"ttt_length {self.ttt_length} needs seq_len >= ttt_length + 2")
+        if self.labels not in ttt.LABELS:
+            raise ConfigError(f"labels must be one of {list(ttt.LABELS)}, got {self.labels!r}")
         if self.argmax_mode not in ("chunked", "full", "skip"):
             raise ConfigError(f"argmax_mode must be chunked, full or skip, got {self.argmax_mode!r}")
         if self.bucket_lengths:
@@ -292,7 +295,7 @@ def make_optimizer(cfg: TrainConfig):
 
 
 def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: float = 0.8,
-                    compute_dtype=jnp.float32, impl: str = "auto"):
+                    labels: str = "soft", compute_dtype=jnp.float32, impl: str = "auto"):
     """A jitted ``train_step(state, embed, batch) -> (state, metrics)`` (state donated).
 
     batch: input_ids, loss_mask, lengths, aux [B,T,A*Ht], target_logits
@@ -304,7 +307,7 @@ def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: flo
         logits = ttt.unroll(p, dcfg, embed.astype(compute_dtype), batch["aux"].astype(compute_dtype),
                             batch["input_ids"], batch["lengths"], ttt_length, impl=impl)
         return ttt.ttt_loss(logits, batch["target_logits"], batch["in_vocab"], batch["loss_mask"],
-                            step_decay=step_decay)
+                            step_decay=step_decay, labels=labels)
 
     @partial(jax.jit, donate_argnums=(0,))
     def train_step(state, embed, batch):
@@ -447,7 +450,7 @@ def plot_curves(log_path, png_path) -> None:
 
 # Settings whose change makes a resumed run differ from the uninterrupted one.
 _RESUME_KEYS = ("variant", "draft_vocab_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
-                "step_decay", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
+                "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
                 "grad_clip", "dtype", "param_dtype", "seed", "data", "max_conversations", "target", "steps",
                 "init_from")
 
@@ -477,10 +480,11 @@ class Trainer:
         self.tx, self.schedule = make_optimizer(cfg)
         # Jitted functions are shared by trainers with the same static settings (a restarted
         # trainer in the same process does not compile again).
-        step_key = ("step", self.dcfg, _optimizer_key(cfg), cfg.ttt_length, cfg.step_decay, cfg.dtype, cfg.impl)
+        step_key = ("step", self.dcfg, _optimizer_key(cfg), cfg.ttt_length, cfg.step_decay, cfg.labels,
+                    cfg.dtype, cfg.impl)
         if step_key not in _JIT_CACHE:
             _JIT_CACHE[step_key] = make_train_step(self.dcfg, self.tx, ttt_length=cfg.ttt_length,
-                                                   step_decay=cfg.step_decay,
+                                                   step_decay=cfg.step_decay, labels=cfg.labels,
                                                    compute_dtype=self.compute_dtype, impl=cfg.impl)
         self.train_step = _JIT_CACHE[step_key]
         feat_key = ("features", target_cfg, self.dcfg.aux_layer_ids, cfg.argmax_mode, cfg.impl,
@@ -735,7 +739,7 @@ class Trainer:
             "",
             f"Variant **{cfg.variant}** ({'fc_norm + norm_output' if d.is_eagle31 else 'EAGLE-3: fc, pre-norm feedback'}), "
             f"trained with eagle-jax's training-time test ({cfg.ttt_length} steps, step weights "
-            f"{cfg.step_decay}**i).",
+            f"{cfg.step_decay}**i, {cfg.labels} labels).",
             "",
             "## Measured acceptance",
             f"- trained: {fmt_eval(ev)}",

@@ -41,7 +41,9 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
   dense masks: one causal [T, T] score block against the step-0 keys plus
   ``i`` per-position dot products against the diagonal keys.
 * Loss: ``sum_i 0.8**i * loss_i`` with ``loss_i`` the weighted mean over
-  positions of ``-sum_v p_v log softmax(draft)_v``; top-1 accuracy per step:
+  positions of ``-sum_v p_v log softmax(draft)_v``, ``p`` the restricted
+  target distribution (``labels="soft"``, EAGLE-3's choice) or the one-hot of
+  its argmax (``labels="hard"``, EAGLE-1/2 style); top-1 accuracy per step:
   ``argmax(draft) == argmax(z_{t+1+i})`` over the same weights (equal to the
   full-vocab argmax since weighted positions have it in the draft vocab).
 """
@@ -55,7 +57,7 @@ from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
 from eagle_jax.models import drafter
 
-__all__ = ["step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
+__all__ = ["LABELS", "step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
 
 
 def shift_left(x: jax.Array, k: int, fill=0) -> jax.Array:
@@ -207,15 +209,22 @@ def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, length
     return out
 
 
+LABELS = ("soft", "hard")
+
+
 def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, *,
-             step_decay: float = 0.8):
-    """Weighted soft cross-entropy over the TTT steps.
+             step_decay: float = 0.8, labels: str = "soft"):
+    """Weighted cross-entropy over the TTT steps, against soft or hard labels.
 
     draft_logits: L arrays [B, T, Vd]; target_logits [B, T, Vd] (target at
     position p, predicting x_{p+1}); in_vocab [B, T] bool; loss_mask [B, T]
-    (1 = response token, indexed by label position). Returns (loss, metrics)
+    (1 = response token, indexed by label position); labels: "soft" (the
+    target's distribution over the draft vocab) or "hard" (its argmax; the
+    same token on every weighted position). Returns (loss, metrics)
     with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L].
     """
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
     t = target_logits.shape[1]
     lm = loss_mask.astype(jnp.float32)
     iv = in_vocab.astype(jnp.float32)
@@ -227,8 +236,11 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
         lab = jnp.concatenate([lm[:, 2 + i:], jnp.zeros_like(lm[:, :1])], axis=1)  # mask[t+2+i]
         w = lab * iv[:, 1 + i:]
         d = logits[:, :n].astype(jnp.float32)
-        p = jax.nn.softmax(tgt, axis=-1)
-        ce = -jnp.sum(p * jax.nn.log_softmax(d, axis=-1), axis=-1)
+        logp = jax.nn.log_softmax(d, axis=-1)
+        if labels == "soft":
+            ce = -jnp.sum(jax.nn.softmax(tgt, axis=-1) * logp, axis=-1)
+        else:
+            ce = -jnp.take_along_axis(logp, jnp.argmax(tgt, -1)[..., None], axis=-1)[..., 0]
         cnt = jnp.sum(w)
         denom = jnp.maximum(cnt, 1.0)
         loss_i = jnp.sum(ce * w) / denom

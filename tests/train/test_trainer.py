@@ -295,6 +295,9 @@ def test_config_errors_and_overrides(tmp_path):
     assert (cfg.steps, cfg.variant, cfg.lr, cfg.resume, cfg.bucket_lengths) == (7, "eagle3.1", 0.001, False, [32, 64])
     with pytest.raises(ConfigError, match="variant"):
         cli.load_config(parser.parse_args(["--set", "variant=eagle4"]))
+    assert cli.load_config(parser.parse_args(["--labels", "hard"])).labels == "hard"
+    with pytest.raises(ConfigError, match="labels must be one of"):
+        cli.load_config(parser.parse_args(["--set", "labels=argmax"]))
     configs = sorted((Path(__file__).resolve().parents[2] / "train" / "configs").glob("*.yaml"))
     assert len(configs) >= 4
     for path in configs:  # every shipped config parses

@@ -180,6 +180,40 @@ def test_loss_index_arithmetic_by_hand():
     np.testing.assert_allclose(float(loss), l0 + 0.8 * l1, rtol=1e-5)
 
 
+def test_hard_labels_are_the_target_argmax():
+    """labels="hard": cross-entropy against the one-hot of argmax(z); same weights and accuracy as soft."""
+    t, vd = 7, 6
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(2, t, vd)).astype(np.float32)
+    d = [rng.normal(size=(2, t, vd)).astype(np.float32) for _ in range(2)]
+    in_vocab = rng.random((2, t)) > 0.2
+    lm = np.zeros((2, t), np.int32)
+    lm[0, 3:] = 1
+    lm[1, 2:6] = 1
+    loss_fn = jax.jit(ttt.ttt_loss, static_argnames=("labels",))
+    args = ([jnp.asarray(x) for x in d], jnp.asarray(z), jnp.asarray(in_vocab), jnp.asarray(lm))
+    hard, mh = loss_fn(*args, labels="hard")
+    soft, ms = loss_fn(*args, labels="soft")
+
+    expect = []
+    for i, di in enumerate(d):  # brute force over (row, drafter position)
+        num = den = 0.0
+        for r in range(2):
+            for q in range(t - 2 - i):
+                if lm[r, q + 2 + i] and in_vocab[r, q + 1 + i]:
+                    logq = di[r, q] - np.log(np.exp(di[r, q] - di[r, q].max()).sum()) - di[r, q].max()
+                    num += -logq[np.argmax(z[r, q + 1 + i])]
+                    den += 1
+        expect.append(num / den)
+    np.testing.assert_allclose(np.asarray(mh["loss_i"]), expect, rtol=1e-5)
+    np.testing.assert_allclose(float(hard), expect[0] + 0.8 * expect[1], rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(mh["count_i"]), np.asarray(ms["count_i"]))
+    np.testing.assert_allclose(np.asarray(mh["acc_i"]), np.asarray(ms["acc_i"]))
+    assert abs(float(hard) - float(soft)) > 1e-3
+    with pytest.raises(ValueError, match="labels must be one of"):
+        ttt.ttt_loss(*args, labels="argmax")
+
+
 def test_loss_ignores_padding_and_unmasked_rows():
     t, vd = 8, 5
     rng = np.random.default_rng(0)
