@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
@@ -219,8 +220,8 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
     draft_logits: L arrays [B, T, Vd]; target_logits [B, T, Vd] (target at
     position p, predicting x_{p+1}); in_vocab [B, T] bool; loss_mask [B, T]
     (1 = response token, indexed by label position); labels: "soft" (the
-    target's distribution over the draft vocab) or "hard" (its argmax; the
-    same token on every weighted position). Returns (loss, metrics)
+    target's distribution over the draft vocab) or "hard" (its argmax, which
+    on weighted positions is the full-vocab argmax). Returns (loss, metrics)
     with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L].
     """
     if labels not in LABELS:
@@ -236,15 +237,15 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
         lab = jnp.concatenate([lm[:, 2 + i:], jnp.zeros_like(lm[:, :1])], axis=1)  # mask[t+2+i]
         w = lab * iv[:, 1 + i:]
         d = logits[:, :n].astype(jnp.float32)
-        logp = jax.nn.log_softmax(d, axis=-1)
+        top = jnp.argmax(tgt, -1)
         if labels == "soft":
-            ce = -jnp.sum(jax.nn.softmax(tgt, axis=-1) * logp, axis=-1)
+            ce = optax.softmax_cross_entropy(d, jax.nn.softmax(tgt, axis=-1))
         else:
-            ce = -jnp.take_along_axis(logp, jnp.argmax(tgt, -1)[..., None], axis=-1)[..., 0]
+            ce = optax.softmax_cross_entropy_with_integer_labels(d, top)
         cnt = jnp.sum(w)
         denom = jnp.maximum(cnt, 1.0)
         loss_i = jnp.sum(ce * w) / denom
-        hit = (jnp.argmax(d, -1) == jnp.argmax(tgt, -1)).astype(jnp.float32)
+        hit = (jnp.argmax(d, -1) == top).astype(jnp.float32)
         accs.append(jnp.sum(hit * w) / denom)
         losses.append(loss_i)
         counts.append(cnt)
