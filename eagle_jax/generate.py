@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_dtype, enable_compilation_cache
 from eagle_jax.spec import loop
@@ -71,12 +72,14 @@ class Generator:
                  prefill_chunk: int = 512, impl: str = "auto", unroll_layers: bool | None = None):
         self.target_cfg = target_cfg
         # Per-layer weight buffers (an unrolled layer loop) by default on CPU,
-        # where scanning over stacked weights copies them every step.
-        if unroll_layers is None:
-            unroll_layers = jax.default_backend() == "cpu"
-        self.target_params = target_model.unstack_layers(target_params) if unroll_layers else target_params
+        # where scanning over stacked weights copies them every step; packed
+        # projections when the native CPU kernels run.
+        self.target_params = target_model.prepare_for_decoding(target_params, target_cfg, impl=impl,
+                                                               unroll=unroll_layers)
         self.tokenizer = tokenizer
         self.drafter_cfg, self.drafter_params, self.vocab = drafter if drafter else (None, None, None)
+        if self.drafter_params is not None:
+            self.drafter_params = drafter_model.prepare_for_decoding(self.drafter_params, impl=impl)
         if self.drafter_cfg is not None and self.drafter_cfg.vocab_size != target_cfg.vocab_size:
             raise ValueError(f"drafter vocab_size {self.drafter_cfg.vocab_size} != target vocab_size "
                              f"{target_cfg.vocab_size}: the drafter was trained for another target")

@@ -16,7 +16,15 @@ Implementations (``impl``):
   (on CPU, for tests). ``target="gpu"`` (the default off TPU) runs the Triton
   body with ``interpret=True``; ``target="tpu"`` runs the Mosaic body under
   ``pltpu.InterpretParams`` (TPU semantics simulated on CPU).
-* ``"auto"``: ``pallas`` on GPU and TPU, ``xla`` on CPU.
+* ``"native"``: the C++ CPU kernels (`eagle_jax.kernels.cpu`), which run on
+  weights packed once by `cpu.pack_weight` (`PackedWeight`): the norm is the
+  XLA reference's, the matmul streams the packed weight once for all rows.
+  A `PackedWeight` always takes this path, whatever ``impl`` says; a plain
+  weight under ``"native"`` takes the XLA path (packing per call would cost
+  more than it saves). Decoding packs its weights when `resolve_impl` says
+  ``"native"`` (`eagle_jax.models.target.prepare_for_decoding`).
+* ``"auto"``: ``pallas`` on GPU and TPU; on CPU ``native`` when the C++
+  library builds and loads here, else ``xla``.
 
 The environment variable ``EAGLE_JAX_KERNEL_IMPL`` (one of the impl names)
 overrides ``impl`` for every call.
@@ -53,7 +61,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("auto", "xla", "pallas", "interpret")
+from eagle_jax.kernels import cpu
+from eagle_jax.kernels.cpu import PackedWeight
+
+IMPLS = ("auto", "xla", "pallas", "interpret", "native")
 TARGETS = ("gpu", "tpu")
 LAYOUTS = ("plain", "tpu")
 ENV_VAR = "EAGLE_JAX_KERNEL_IMPL"
@@ -65,18 +76,37 @@ _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.
 _POISON_OUTPUT: float | None = None
 
 
-def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None):
-    """Plain-XLA path: normalise each segment in f32, scale, cast, matmul."""
+def _segment_rms_norm(x, norm_weights, *, eps, segments):
+    """Normalise each segment in f32, cast back to x.dtype, scale by gamma (HF RMSNorm)."""
     k = x.shape[-1]
     xs = x.astype(jnp.float32).reshape(*x.shape[:-1], segments, k // segments)
     var = jnp.mean(jnp.square(xs), axis=-1, keepdims=True)
     g = norm_weights.reshape(segments, k // segments)
     normed = (xs * jax.lax.rsqrt(var + eps)).astype(x.dtype) * g.astype(x.dtype)
-    normed = normed.reshape(x.shape)
+    return normed.reshape(x.shape)
+
+
+def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None):
+    """Plain-XLA path: normalise each segment in f32, scale, cast, matmul."""
+    normed = _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
     y = jnp.dot(normed, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+    return _add_bias(y, bias).astype(x.dtype)
+
+
+def _add_bias(y, bias):
+    return y if bias is None else y + bias.astype(jnp.float32)
+
+
+def matmul(x, w, bias=None):
+    """x [..., K] @ w (+ bias) with f32 accumulation, result in x.dtype.
+
+    w is a [K, N] array (XLA dot, w cast to x.dtype) or a `PackedWeight`
+    (the native CPU kernel)."""
+    if isinstance(w, PackedWeight):
+        y = cpu.matmul(x, w)
+    else:
+        y = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return _add_bias(y, bias).astype(x.dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -190,7 +220,8 @@ def _check_norm_weights(norm_weights, k, segments):
     return g
 
 
-def _resolve_impl(impl: str) -> str:
+def resolve_impl(impl: str) -> str:
+    """The impl that runs: ``$EAGLE_JAX_KERNEL_IMPL`` over ``impl``, "auto" resolved."""
     forced = os.environ.get(ENV_VAR)
     source = "the impl argument"
     if forced:
@@ -198,7 +229,11 @@ def _resolve_impl(impl: str) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel impl {impl!r} (from {source}); expected one of {IMPLS}")
     if impl == "auto":
-        impl = "xla" if jax.default_backend() == "cpu" else "pallas"
+        if jax.default_backend() != "cpu":
+            return "pallas"
+        return "native" if cpu.available() else "xla"
+    if impl == "native":
+        cpu.require()
     return impl
 
 
@@ -261,6 +296,11 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
                              f"but segments={segments} was passed")
         n = w.n
         wdtype = w.w.dtype
+    elif isinstance(w, PackedWeight):
+        if w.k != k:
+            raise ValueError(f"PackedWeight has K={w.k}, but x has K={k}")
+        n = w.n
+        wdtype = w.dtype
     else:
         w = jnp.asarray(w)
         if w.ndim != 2 or w.shape[0] != k:
@@ -281,9 +321,12 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
         eps = float(eps)
     except (TypeError, jax.errors.ConcretizationTypeError) as e:
         raise ValueError(f"eps must be a Python float, got {eps!r}") from e
-    impl = _resolve_impl(impl)
+    impl = resolve_impl(impl)
 
-    if impl == "xla":
+    if isinstance(w, PackedWeight):
+        normed = x if norm_weights is None else _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
+        return matmul(normed, w, bias)
+    if impl in ("xla", "native"):
         if norm_weights is None:
             w_plain = w.plain() if isinstance(w, FoldedWeight) else w
             return rms_norm_matmul_reference(x, jnp.ones((k,), x.dtype), w_plain, eps=eps,

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
-from eagle_jax.kernels import fused_norm_matmul
-from eagle_jax.models.layers import linear, split_heads, swiglu_mlp
+from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
+from eagle_jax.models.layers import split_heads, swiglu_mlp
 from eagle_jax.nn import apply_rope, attention, rms_norm, rope_tables
 
 
@@ -61,6 +61,16 @@ def create_cache(cfg: DrafterConfig, batch: int, max_len: int, dtype=jnp.float32
     return KVCache.create(1, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
+def prepare_for_decoding(params, *, impl: str = "auto"):
+    """Pack the projections for the native CPU kernels when `impl` resolves to them."""
+    if resolve_impl(impl) != "native":
+        return params
+    layer = {name: cpu.pack_weight(x) if name in ("wqkv", "wo", "w_gate_up", "w_down") else x
+             for name, x in params["layer"].items()}
+    return {**params, "layer": layer, "fc": cpu.pack_weight(params["fc"]),
+            "lm_head": cpu.pack_weight(params["lm_head"])}
+
+
 def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = "auto") -> jax.Array:
     """aux [B, T, A*Ht] (aux states concatenated in layer order) -> [B, T, H]."""
     if aux.shape[-1] != cfg.fc_in_size:
@@ -72,7 +82,7 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
     if cfg.norm_before_fc:
         return fused_norm_matmul(aux, params["input_norm"], params["fc"], eps=cfg.rms_norm_eps,
                                  impl=impl)
-    return linear(aux, params["fc"])
+    return matmul(aux, params["fc"])
 
 
 def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend, *,
@@ -98,7 +108,7 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    h = residual + linear(attend(q, k, v), layer["wo"], layer.get("bo"))
+    h = residual + matmul(attend(q, k, v), layer["wo"], layer.get("bo"))
     h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
                        eps=eps, impl=impl)
     return h, k, v

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.kernels import fused_norm_matmul
-from eagle_jax.nn import apply_rope, attention, rms_norm
+from eagle_jax.kernels import fused_norm_matmul, matmul
+from eagle_jax.nn import apply_rope, rms_norm
 
 
 def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int):
@@ -19,12 +19,11 @@ def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int
     return q, k, v
 
 
-def self_attention(q, k, v, cos, sin, k_cache, v_cache, cache_mask, new_mask, *,
-                   q_norm=None, k_norm=None, eps=1e-6):
+def self_attention(q, k, v, cos, sin, attend, *, q_norm=None, k_norm=None, eps=1e-6):
     """Rotate q/k (after Qwen3's per-head norms when given) and attend.
 
-    q [B,T,Hq,D], k/v [B,T,Hkv,D]; cos/sin [B,T,D]; k_cache/v_cache one
-    layer [B,Hkv,S,D]; cache_mask [B,T,S]; new_mask [B,T,T].
+    q [B,T,Hq,D], k/v [B,T,Hkv,D]; cos/sin [B,T,D]; `attend(q, k, v)` ->
+    [B,T,Hq,D] attends the rotated queries over the cache plus the new keys.
     Returns (out [B,T,Hq*D], k rotated, v): the caller stores k and v.
     """
     if q_norm is not None:
@@ -32,22 +31,14 @@ def self_attention(q, k, v, cos, sin, k_cache, v_cache, cache_mask, new_mask, *,
         k = rms_norm(k, k_norm, eps)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
-    out = attention(q, k_cache, v_cache, cache_mask, k, v, new_mask)
+    out = attend(q, k, v)
     b, t = q.shape[:2]
     return out.reshape(b, t, -1), k, v
-
-
-def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:
-    """x [..., K] @ w [K, N] (+ bias) with f32 accumulation, result in x.dtype."""
-    y = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
 
 
 def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, impl="auto"):
     """down(silu(gate(n)) * up(n)) with n = rms_norm(h); the norm is fused into gate/up."""
     gu = fused_norm_matmul(h, norm_w, w_gate_up, eps=eps, impl=impl)
-    f = w_down.shape[0]
+    f = gu.shape[-1] // 2
     gate, up = gu[..., :f], gu[..., f:]
-    return linear(jax.nn.silu(gate) * up, w_down)
+    return matmul(jax.nn.silu(gate) * up, w_down)

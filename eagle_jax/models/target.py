@@ -16,9 +16,11 @@ import numpy as np
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
-from eagle_jax.kernels import fused_norm_matmul
-from eagle_jax.models.layers import linear, self_attention, split_heads, swiglu_mlp
-from eagle_jax.nn import rope_tables
+from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
+from eagle_jax.models.layers import self_attention, split_heads, swiglu_mlp
+from eagle_jax.nn import attention, rope_tables
+
+MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
 
 
 def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
@@ -42,14 +44,52 @@ def unstack_layers(params):
                                       for i in range(num))}
 
 
-def _layer(p, cfg: TargetConfig, h, cos, sin, k_cache, v_cache, cache_mask, new_mask, impl):
+def pack_for_cpu(params, cfg: TargetConfig):
+    """Pack every projection (and the lm_head, the transposed embedding when
+    tied) for the native CPU kernels; stacked or per-layer `layers` alike."""
+
+    def pack(w):  # [K, N] or stacked [L, K, N]
+        if w.ndim == 2:
+            return cpu.pack_weight(w)
+        packed = [cpu.pack_weight(x) for x in w]
+        return cpu.PackedWeight(jnp.stack([p.data for p in packed]), packed[0].k, packed[0].n)
+
+    def pack_layer(layer):
+        return {name: pack(x) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
+
+    layers = params["layers"]
+    layers = tuple(pack_layer(p) for p in layers) if isinstance(layers, tuple) else pack_layer(layers)
+    return {**params, "layers": layers, "lm_head": pack(lm_head_weight(params, cfg))}
+
+
+def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unroll: bool | None = None):
+    """The parameters the decoding loop runs on: per-layer buffers on CPU
+    (`unstack_layers`, unless `unroll` says otherwise) and, when `impl`
+    resolves to the native CPU kernels, packed projections (`pack_for_cpu`)."""
+    if unroll is None:
+        unroll = jax.default_backend() == "cpu"
+    if unroll:
+        params = unstack_layers(params)
+    return pack_for_cpu(params, cfg) if resolve_impl(impl) == "native" else params
+
+
+def _attend(cfg: TargetConfig, cache: KVCache, i, new_mask, native: bool):
+    """attend(q, k, v) for layer i: the committed cache slots plus the new keys."""
+    if native:  # reads the live slots straight from the whole cache buffer
+        return lambda q, k, v: cpu.attention(q, cache.k, cache.v, i, cache.lengths, k, v, new_mask)
+    t = new_mask.shape[1]
+    cache_mask = committed_mask(cache.lengths, cache.max_len, t)
+    return lambda q, k, v: attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask)
+
+
+def _layer(p, cfg: TargetConfig, h, cos, sin, attend, impl):
     """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated, v)."""
     qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
                             bias=p.get("bqkv"), impl=impl)
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    attn, k, v = self_attention(q, k, v, cos, sin, k_cache, v_cache, cache_mask, new_mask,
+    attn, k, v = self_attention(q, k, v, cos, sin, attend,
                                 q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
-    h = h + linear(attn, p["wo"], p.get("bo"))
+    h = h + matmul(attn, p["wo"], p.get("bo"))
     h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
     return h, k, v
 
@@ -72,11 +112,13 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
             raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
     h = jnp.take(params["embed"], tokens, axis=0)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    cache_mask = committed_mask(cache.lengths, cache.max_len, t)
     new_mask = causal_mask(b, t) if mask is None else mask
+    # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
+    native = (resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS
+              and cfg.head_dim % 16 == 0)
 
     def run_layer(p, h, i):
-        return _layer(p, cfg, h, cos, sin, cache.k[i], cache.v[i], cache_mask, new_mask, impl)
+        return _layer(p, cfg, h, cos, sin, _attend(cfg, cache, i, new_mask, native), impl)
 
     if isinstance(params["layers"], tuple):
         if len(params["layers"]) != cfg.num_layers:
@@ -109,9 +151,12 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
     return h, cache, jnp.concatenate(aux, axis=-1)
 
 
-def lm_head_weight(params, cfg: TargetConfig) -> jax.Array:
-    """[H, V]: the output projection, or the transposed embedding when tied."""
-    return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+def lm_head_weight(params, cfg: TargetConfig):
+    """[H, V]: the output projection (packed by `pack_for_cpu`, even when tied),
+    else the transposed embedding when tied."""
+    if cfg.tie_word_embeddings and not isinstance(params.get("lm_head"), cpu.PackedWeight):
+        return params["embed"].T
+    return params["lm_head"]
 
 
 def logits(params, cfg: TargetConfig, hidden, *, impl: str = "auto") -> jax.Array:
