@@ -7,6 +7,7 @@
     eagle-jax bench --suite drift [--quick]
     eagle-jax bench --suite plain-vs-transformers
     eagle-jax bench --suite serve                   # HTTP server under concurrent load, batched vs not
+    eagle-jax bench --suite step-cost [--quick]     # forward cost against M, step breakdown (CPU issue)
     eagle-jax bench --suite report                  # re-render docs/benchmarks.md
 
 Drafters: every `--draft` (a directory or a bundled name), else the bundled
@@ -57,7 +58,8 @@ def _strs(s: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "report"], default="speed")
+    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "step-cost", "report"],
+                   default="speed")
     p.add_argument("--quick", action="store_true", help="small grid that fits in 10 minutes on a 2-core CPU")
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--draft", action="append", default=[],
@@ -386,6 +388,11 @@ def main(args) -> int:
         from eagle_jax.benchmarks import serve_load
 
         result = serve_load.run(args, log)
+    elif args.suite == "step-cost":
+        from eagle_jax.benchmarks import step_cost
+
+        dtypes = (args.dtype,) if args.dtype else ("bfloat16", "float32")
+        result = step_cost.run(dtypes, quick=args.quick, target=args.target, log=log)
     else:
         result = run_speed(args, log)
     result["partial"] = False

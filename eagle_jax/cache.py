@@ -17,6 +17,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from eagle_jax.kernels import cpu, resolve_impl
+
 
 @flax.struct.dataclass
 class KVCache:
@@ -39,8 +41,14 @@ class KVCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
-    def write(self, k_new: jax.Array, v_new: jax.Array) -> "KVCache":
-        """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t."""
+    def write(self, k_new: jax.Array, v_new: jax.Array, *, impl: str = "auto") -> "KVCache":
+        """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t.
+
+        With the native CPU kernels (`impl`) the slots are copied in place;
+        otherwise an XLA scatter (which XLA:CPU runs in f32 for bf16 caches)."""
+        if resolve_impl(impl) == "native":
+            k, v = cpu.cache_write(self.k, self.v, self.lengths, k_new, v_new)
+            return self.replace(k=k, v=v)
         t = k_new.shape[2]
         slots = write_slots(self.lengths, t)[:, None, :]  # [B, 1, T]
         rows = jnp.arange(self.batch)[:, None, None]
@@ -56,13 +64,16 @@ class KVCache:
         """Advance each row's length by n [B] (the first n written slots become context)."""
         return self.replace(lengths=jnp.minimum(self.lengths + n.astype(jnp.int32), self.max_len))
 
-    def compact(self, src: jax.Array, n: jax.Array) -> "KVCache":
+    def compact(self, src: jax.Array, n: jax.Array, *, impl: str = "auto") -> "KVCache":
         """Accept a tree path: for each row b and j < n[b], copy the slot
         `lengths[b] + src[b, j]` to `lengths[b] + j`, then commit n.
 
         src [B, A] int32 holds offsets relative to the row's length (the
         accepted nodes' positions among the T tokens of the last forward).
         """
+        if resolve_impl(impl) == "native":
+            k, v = cpu.cache_compact(self.k, self.v, self.lengths, src, n)
+            return self.replace(k=k, v=v).commit(n)
         a = src.shape[1]
         base = self.lengths[:, None]
         src_slot = jnp.clip(base + src, 0, self.max_len - 1)[:, None, :]  # [B, 1, A]

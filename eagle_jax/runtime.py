@@ -8,8 +8,15 @@ import jax
 
 
 def default_dtype() -> str:
-    """float32 on CPU, bfloat16 on GPU and TPU."""
-    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    """The decoding dtype: bfloat16 (f32 accumulation) on GPU and TPU, and on
+    CPU when the native kernels run (`kernels/cpu`: 1.6x the tokens/s of fp32
+    there, docs/benchmarks.md "Step cost"); float32 on CPU otherwise (XLA:CPU
+    converts bf16 weights to f32 on every call)."""
+    from eagle_jax.kernels import resolve_impl
+
+    if jax.default_backend() != "cpu":
+        return "bfloat16"
+    return "bfloat16" if resolve_impl("auto") == "native" else "float32"
 
 
 def enable_compilation_cache(path: str | None = None) -> str:

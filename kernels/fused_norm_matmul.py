@@ -86,27 +86,30 @@ def _segment_rms_norm(x, norm_weights, *, eps, segments):
     return normed.reshape(x.shape)
 
 
-def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None):
+def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None, out_dtype=None):
     """Plain-XLA path: normalise each segment in f32, scale, cast, matmul."""
     normed = _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
-    y = jnp.dot(normed, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    return _add_bias(y, bias).astype(x.dtype)
+    return matmul(normed, w, bias, out_dtype=out_dtype)
 
 
 def _add_bias(y, bias):
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
-def matmul(x, w, bias=None):
-    """x [..., K] @ w (+ bias) with f32 accumulation, result in x.dtype.
+def matmul(x, w, bias=None, *, out_dtype=None):
+    """x [..., K] @ w (+ bias) with f32 accumulation, result in out_dtype
+    (default x.dtype), rounded once.
 
     w is a [K, N] array (XLA dot, w cast to x.dtype) or a `PackedWeight`
     (the native CPU kernel)."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     if isinstance(w, PackedWeight):
+        if bias is None:
+            return cpu.matmul(x, w, out_dtype=out_dtype)
         y = cpu.matmul(x, w)
     else:
         y = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    return _add_bias(y, bias).astype(x.dtype)
+    return _add_bias(y, bias).astype(out_dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -270,9 +273,12 @@ class _Config:
     interpret: bool
 
 
-def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None):
+def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None,
+                      out_dtype=None):
     """RMSNorm (per segment) followed by a projection. See module docstring.
 
+    ``out_dtype`` (default x.dtype) is the result's dtype; float32 keeps the
+    accumulator unrounded (logits).
     ``norm_weights=None`` means ``w`` already has gamma folded in (a
     `FoldedWeight` from `fold_norm_into_weight`, or a plain [K, N] array).
     ``target`` ("gpu" or "tpu") picks which Pallas kernel body an
@@ -325,22 +331,23 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
 
     if isinstance(w, PackedWeight):
         normed = x if norm_weights is None else _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
-        return matmul(normed, w, bias)
+        return matmul(normed, w, bias, out_dtype=out_dtype)
     if impl in ("xla", "native"):
         if norm_weights is None:
             w_plain = w.plain() if isinstance(w, FoldedWeight) else w
             return rms_norm_matmul_reference(x, jnp.ones((k,), x.dtype), w_plain, eps=eps,
-                                             segments=segments, bias=bias)
-        return rms_norm_matmul_reference(x, norm_weights, w, eps=eps, segments=segments, bias=bias)
+                                             segments=segments, bias=bias, out_dtype=out_dtype)
+        return rms_norm_matmul_reference(x, norm_weights, w, eps=eps, segments=segments, bias=bias,
+                                         out_dtype=out_dtype)
 
     target = _resolve_target(impl, target)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
-        return jnp.zeros((*lead, n), x.dtype)
+        return jnp.zeros((*lead, n), out_dtype or x.dtype)
     cfg = _Config(eps=eps, segments=segments, target=target, interpret=impl == "interpret")
     y = _pallas_apply(cfg, x2, norm_weights, w, bias)
-    return y.reshape(*lead, n)
+    return y.reshape(*lead, n).astype(out_dtype or x.dtype)
 
 
 # ---------------------------------------------------------------------------

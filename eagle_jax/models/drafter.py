@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import split_heads, swiglu_mlp
-from eagle_jax.nn import apply_rope, attention, rms_norm, rope_tables
+from eagle_jax.models.layers import rotate_qk, split_heads, swiglu_mlp
+from eagle_jax.nn import attention, rms_norm, rope_tables
 
 
 @flax.struct.dataclass
@@ -107,7 +107,7 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
                             segments=2, bias=layer.get("bqkv"), impl=impl)
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q, k = rotate_qk(q, k, cos, sin)
     h = residual + matmul(attend(q, k, v), layer["wo"], layer.get("bo"))
     h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
                        eps=eps, impl=impl)
@@ -119,9 +119,10 @@ def head(params, cfg: DrafterConfig, h, *, impl: str = "auto"):
 
     The feedback is h itself (EAGLE-3) or norm(h) with `norm_output` (EAGLE 3.1).
     """
-    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=cfg.rms_norm_eps, impl=impl)
+    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=cfg.rms_norm_eps, impl=impl,
+                               out_dtype=jnp.float32)
     feedback = rms_norm(h, params["norm"], cfg.rms_norm_eps) if cfg.norm_output else h
-    return logits.astype(jnp.float32), feedback
+    return logits, feedback
 
 
 def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
@@ -148,7 +149,7 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     logits, _ = head(params, cfg, h if logits_at is None else
                      jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
     _, feedback = head(params, cfg, h, impl=impl) if cfg.norm_output else (None, h)
-    return logits, feedback, cache.write(k[None], v[None])
+    return logits, feedback, cache.write(k[None], v[None], impl=impl)
 
 
 def to_target_logits(draft_logits: jax.Array, vocab: DraftVocab) -> jax.Array:

@@ -19,21 +19,12 @@ def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int
     return q, k, v
 
 
-def self_attention(q, k, v, cos, sin, attend, *, q_norm=None, k_norm=None, eps=1e-6):
-    """Rotate q/k (after Qwen3's per-head norms when given) and attend.
-
-    q [B,T,Hq,D], k/v [B,T,Hkv,D]; cos/sin [B,T,D]; `attend(q, k, v)` ->
-    [B,T,Hq,D] attends the rotated queries over the cache plus the new keys.
-    Returns (out [B,T,Hq*D], k rotated, v): the caller stores k and v.
-    """
+def rotate_qk(q, k, cos, sin, *, q_norm=None, k_norm=None, eps=1e-6):
+    """Qwen3's per-head norms (when given), then RoPE: q [B,T,Hq,D], k [B,T,Hkv,D]; cos/sin [B,T,D]."""
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
-    out = attend(q, k, v)
-    b, t = q.shape[:2]
-    return out.reshape(b, t, -1), k, v
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
 def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, impl="auto"):

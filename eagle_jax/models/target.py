@@ -17,7 +17,7 @@ import numpy as np
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import self_attention, split_heads, swiglu_mlp
+from eagle_jax.models.layers import rotate_qk, split_heads, swiglu_mlp
 from eagle_jax.nn import attention, rope_tables
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
@@ -73,25 +73,29 @@ def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unrol
     return pack_for_cpu(params, cfg) if resolve_impl(impl) == "native" else params
 
 
-def _attend(cfg: TargetConfig, cache: KVCache, i, new_mask, native: bool):
-    """attend(q, k, v) for layer i: the committed cache slots plus the new keys."""
-    if native:  # reads the live slots straight from the whole cache buffer
-        return lambda q, k, v: cpu.attention(q, cache.k, cache.v, i, cache.lengths, k, v, new_mask)
-    t = new_mask.shape[1]
-    cache_mask = committed_mask(cache.lengths, cache.max_len, t)
-    return lambda q, k, v: attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask)
+def _attend(q, k, v, cache: KVCache, i, new_mask, native: bool):
+    """Layer i's attention over the committed cache slots plus the new keys.
+
+    Returns (out [B,T,Hq,D], cache): the native kernel reads the live slots
+    straight from the whole cache and stores this layer's new K/V in place;
+    the XLA path leaves the cache to one `write` after the last layer."""
+    if native:
+        out, k_cache, v_cache = cpu.attention(q, cache.k, cache.v, i, cache.lengths, k, v, new_mask)
+        return out.astype(q.dtype), cache.replace(k=k_cache, v=v_cache)
+    cache_mask = committed_mask(cache.lengths, cache.max_len, q.shape[1])
+    return attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask), cache
 
 
-def _layer(p, cfg: TargetConfig, h, cos, sin, attend, impl):
-    """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated, v)."""
+def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
+    """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated, v, cache)."""
     qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
                             bias=p.get("bqkv"), impl=impl)
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    attn, k, v = self_attention(q, k, v, cos, sin, attend,
-                                q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
-    h = h + matmul(attn, p["wo"], p.get("bo"))
+    q, k = rotate_qk(q, k, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
+    attn, cache = _attend(q, k, v, cache, i, new_mask, native)
+    h = h + matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"))
     h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
-    return h, k, v
+    return h, k, v, cache
 
 
 def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=None, *,
@@ -115,10 +119,10 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
     new_mask = causal_mask(b, t) if mask is None else mask
     # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
     native = (resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS
-              and cfg.head_dim % 16 == 0)
+              and cfg.head_dim in (64, 128))
 
-    def run_layer(p, h, i):
-        return _layer(p, cfg, h, cos, sin, _attend(cfg, cache, i, new_mask, native), impl)
+    def run_layer(p, h, cache, i):
+        return _layer(p, cfg, h, cos, sin, cache, i, new_mask, native, impl)
 
     if isinstance(params["layers"], tuple):
         if len(params["layers"]) != cfg.num_layers:
@@ -126,7 +130,7 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
         entering, ks, vs = [], [], []  # entering[i]: the residual stream into layer i
         for i, p in enumerate(params["layers"]):
             entering.append(h)
-            h, k, v = run_layer(p, h, i)
+            h, k, v, cache = run_layer(p, h, cache, i)
             ks.append(k)
             vs.append(v)
         k_new, v_new = jnp.stack(ks), jnp.stack(vs)
@@ -136,16 +140,18 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
         aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
 
         def layer_body(carry, xs):
-            h, aux = carry
+            h, aux, cache = carry
             p, i = xs
             aux = jnp.where((aux_ids == i)[:, None, None, None], h[None], aux)
-            h, k, v = run_layer(p, h, i)
-            return (h, aux), (k, v)
+            h, k, v, cache = run_layer(p, h, cache, i)
+            return (h, aux, cache), (k, v)
 
         layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-        (h, aux), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0), (params["layers"], layer_ids))
+        (h, aux, cache), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0, cache),
+                                                       (params["layers"], layer_ids))
         aux = list(aux)
-    cache = cache.write(k_new, v_new)
+    if not native:
+        cache = cache.write(k_new, v_new, impl=impl)
     if not aux_layers:
         return h, cache, None
     return h, cache, jnp.concatenate(aux, axis=-1)
@@ -161,9 +167,8 @@ def lm_head_weight(params, cfg: TargetConfig):
 
 def logits(params, cfg: TargetConfig, hidden, *, impl: str = "auto") -> jax.Array:
     """Final norm + lm_head (fused): hidden [..., H] -> float32 [..., V]."""
-    out = fused_norm_matmul(hidden, params["final_norm"], lm_head_weight(params, cfg),
-                            eps=cfg.rms_norm_eps, impl=impl)
-    return out.astype(jnp.float32)
+    return fused_norm_matmul(hidden, params["final_norm"], lm_head_weight(params, cfg),
+                             eps=cfg.rms_norm_eps, impl=impl, out_dtype=jnp.float32)
 
 
 def init_params(cfg: TargetConfig, key, dtype=jnp.float32, scale: float = 0.02):

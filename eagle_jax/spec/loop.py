@@ -185,40 +185,50 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, tcache: 
 def _plain_step(tparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
     b = state.pending.shape[0]
     pos = state.tcache.lengths[:, None]
-    hidden, tcache, _ = target.forward(tparams, lc.target, state.pending[:, None], pos,
-                                       state.tcache, impl=lc.impl)
-    keys, sub = split_keys(state.keys, 2)
-    nxt = sample(sub, target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl), lc.sampling)
-    state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
+    with jax.named_scope("target"):
+        hidden, tcache, _ = target.forward(tparams, lc.target, state.pending[:, None], pos,
+                                           state.tcache, impl=lc.impl)
+        logits = target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl)
+    with jax.named_scope("accept"):
+        keys, sub = split_keys(state.keys, 2)
+        nxt = sample(sub, logits, lc.sampling)
+        state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
     return state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
 
 
 def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> DecodeState:
+    """One speculative step; its parts carry the named scopes the step-cost
+    breakdown reads (draft, target, accept, commit, drafter)."""
     spec, dcfg = lc.spec, lc.drafter
     b = state.pending.shape[0]
     rows = jnp.arange(b)
     keys, k_draft, k_accept = split_keys(state.keys, 3)
-    draft = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
-                           state.root_feedback, state.dcache, spec, lc.sampling, k_draft, impl=lc.impl)
+    with jax.named_scope("draft"):
+        draft = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
+                               state.root_feedback, state.dcache, spec, lc.sampling, k_draft, impl=lc.impl)
     base = state.tcache.lengths
-    hidden, tcache, aux = target.forward(
-        tparams, lc.target, draft.tokens, base[:, None] + draft.depth, state.tcache,
-        mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids, impl=lc.impl)
-    path, n_acc, nxt = accept(draft, target.logits(tparams, lc.target, hidden, impl=lc.impl),
-                              spec, lc.sampling, k_accept)
-    # Emitted tokens: the accepted drafts along the path, then the target's own token.
-    j = jnp.arange(spec.depth + 1)[None]
-    path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)
-    new_tokens = jnp.where(j < n_acc[:, None], path_tokens, nxt[:, None])
-    state, m = _emit(state.replace(keys=keys), lc, new_tokens, n_acc + 1)
-    stats = state.stats.record(m > 0, jnp.minimum(n_acc, m))
+    with jax.named_scope("target"):
+        hidden, tcache, aux = target.forward(
+            tparams, lc.target, draft.tokens, base[:, None] + draft.depth, state.tcache,
+            mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids, impl=lc.impl)
+        logits = target.logits(tparams, lc.target, hidden, impl=lc.impl)
+    with jax.named_scope("accept"):
+        path, n_acc, nxt = accept(draft, logits, spec, lc.sampling, k_accept)
+        # Emitted tokens: the accepted drafts along the path, then the target's own token.
+        j = jnp.arange(spec.depth + 1)[None]
+        path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)
+        new_tokens = jnp.where(j < n_acc[:, None], path_tokens, nxt[:, None])
+        state, m = _emit(state.replace(keys=keys), lc, new_tokens, n_acc + 1)
+        stats = state.stats.record(m > 0, jnp.minimum(n_acc, m))
     # Commit root + accepted path nodes (m of them) and roll the drafter over them.
-    tcache = tcache.compact(path, m)
-    feats = jnp.take_along_axis(aux, path[:, :, None], axis=1)
-    positions = base[:, None] + j
-    logits, feedback, dcache = drafter.step(
-        dparams, dcfg, new_tokens, drafter.project_features(dparams, dcfg, feats, impl=lc.impl),
-        positions, state.dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
+    with jax.named_scope("commit"):
+        tcache = tcache.compact(path, m, impl=lc.impl)
+    with jax.named_scope("drafter"):
+        feats = jnp.take_along_axis(aux, path[:, :, None], axis=1)
+        positions = base[:, None] + j
+        logits, feedback, dcache = drafter.step(
+            dparams, dcfg, new_tokens, drafter.project_features(dparams, dcfg, feats, impl=lc.impl),
+            positions, state.dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
     emitted = m > 0
     last = jnp.maximum(m - 1, 0)
     return state.replace(

@@ -60,10 +60,22 @@ def categorical_rows(keys: jax.Array, logits: jax.Array) -> jax.Array:
     return jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(keys, logits).astype(jnp.int32)
 
 
+def greedy(logits: jax.Array) -> jax.Array:
+    """argmax over the last axis (the first maximal index), int32.
+
+    As two vectorised reductions (max, then the smallest index reaching it):
+    XLA:CPU runs jnp.argmax's joint (value, index) reduction one element at a
+    time, about 1.4 ms over 12 x 49k logits."""
+    v = logits.shape[-1]
+    peak = jnp.max(logits, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(logits == peak, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+    return jnp.minimum(first, v - 1)  # a NaN row (no index reaches NaN) still gives a valid id
+
+
 def sample(keys, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     """One token per row of logits [B, ..., V]: argmax when greedy, else a draw (keys [B, 2])."""
     if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return greedy(logits)
     return categorical_rows(keys, process_logits(logits, sampling))
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import SamplingConfig, SpecConfig
-from eagle_jax.spec.sampling import probabilities, sample_probs, split_keys, uniform_rows
+from eagle_jax.spec.sampling import greedy, probabilities, sample_probs, split_keys, uniform_rows
 from eagle_jax.spec.tree import DraftTree
 
 
@@ -37,7 +37,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingC
     accepted = jnp.zeros((b,), jnp.int32)
     path = [cur]
     if sampling.greedy:
-        choice = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, N]
+        choice = greedy(target_logits)  # [B, N]
         for _ in range(depth):
             want = choice[rows, cur]
             ch = children[rows, cur]  # [B, width]

@@ -13,7 +13,10 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
 * `matmul(x, pw)`: x [..., K] -> float32 [..., N]; x is cast to the
   weight's dtype (bf16 x bf16 products are exact in f32; accumulation f32).
 * `attention(...)`: T new queries over the committed slots of one layer of a
-  [L, B, Hkv, S, D] cache plus the T new keys under a [B, T, T] mask.
+  [L, B, Hkv, S, D] cache plus the T new keys under a [B, T, T] mask; it also
+  stores the new K/V in that layer (the cache is threaded through the layers).
+* `cache_write`, `cache_compact`: the KV cache's slot updates, in place
+  (XLA:CPU runs a bf16 scatter by converting the whole cache to f32 and back).
 
 The library is compiled from `eagle_cpu.cc` with the system C++ compiler on
 first use (or by `make setup`: `python -m eagle_jax.kernels.cpu`) into
@@ -49,6 +52,10 @@ _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-e
 class NativeKernelError(RuntimeError):
     """The native CPU kernels cannot be built or loaded here."""
 
+
+# Tests set this to a float (e.g. nan): `matmul` then hands the kernel an
+# output buffer pre-filled with it, so an element it fails to write keeps it.
+_POISON_OUTPUT: float | None = None
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -110,7 +117,10 @@ def _load() -> None:
         except (NativeKernelError, OSError) as e:
             _state["error"] = str(e)
             return
-        for name, symbol in (("eagle_matmul", lib.EagleMatmul), ("eagle_attention", lib.EagleAttention)):
+        for name, symbol in (("eagle_matmul", lib.EagleMatmul), ("eagle_matmul_into", lib.EagleMatmulInto),
+                             ("eagle_attention", lib.EagleAttention),
+                             ("eagle_cache_write", lib.EagleCacheWrite),
+                             ("eagle_cache_compact", lib.EagleCacheCompact)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
         _state["lib"] = lib
 
@@ -185,8 +195,9 @@ def pack_weight(w) -> PackedWeight:
     return PackedWeight(jnp.asarray(np.ascontiguousarray(data)), k, n)
 
 
-def matmul(x, pw: PackedWeight) -> jax.Array:
-    """x [..., K] @ W -> float32 [..., N], W packed by `pack_weight`."""
+def matmul(x, pw: PackedWeight, out_dtype=jnp.float32) -> jax.Array:
+    """x [..., K] @ W -> [..., N] in out_dtype (float32 or bfloat16, rounded
+    once from the f32 accumulator), W packed by `pack_weight`."""
     require()
     if x.shape[-1] != pw.k:
         raise ValueError(f"x has K={x.shape[-1]}, the packed weight K={pw.k}")
@@ -195,8 +206,13 @@ def matmul(x, pw: PackedWeight) -> jax.Array:
     if pw.data.ndim == 4 and pw.k % 2:
         x2 = jnp.pad(x2, ((0, 0), (0, 1)))
     if x2.shape[0] == 0:
-        return jnp.zeros((*lead, pw.n), jnp.float32)
-    y = jax.ffi.ffi_call("eagle_matmul", jax.ShapeDtypeStruct((x2.shape[0], pw.n), jnp.float32))(x2, pw.data)
+        return jnp.zeros((*lead, pw.n), out_dtype)
+    out = jax.ShapeDtypeStruct((x2.shape[0], pw.n), out_dtype)
+    if _POISON_OUTPUT is None:
+        y = jax.ffi.ffi_call("eagle_matmul", out)(x2, pw.data)
+    else:
+        preset = jnp.full(out.shape, _POISON_OUTPUT, out_dtype)
+        y = jax.ffi.ffi_call("eagle_matmul_into", out, input_output_aliases={2: 0})(x2, pw.data, preset)
     return y.reshape(*lead, pw.n)
 
 
@@ -205,23 +221,57 @@ def matmul(x, pw: PackedWeight) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-def attention(q, k_cache, v_cache, layer, lengths, k_new, v_new, new_mask) -> jax.Array:
-    """q [B,T,Hq,D]; k_cache/v_cache [L,B,Hkv,S,D] (the whole cache, float32 or
+def attention(q, k_cache, v_cache, layer, lengths, k_new, v_new, new_mask):
+    """Attend T new queries and store their K/V, for one layer of the cache.
+
+    q [B,T,Hq,D]; k_cache/v_cache [L,B,Hkv,S,D] (the whole cache, float32 or
     bfloat16); layer: int or int32 scalar; lengths [B] committed slots;
-    k_new/v_new [B,T,Hkv,D]; new_mask [B,T,T] bool.
+    k_new/v_new [B,T,Hkv,D]; new_mask [B,T,T] bool. head_dim 64 or 128.
 
     Every query sees slots [0, lengths[b]) of its row plus the new keys its mask
-    row allows; only those slots are read. Returns [B,T,Hq,D] in q.dtype.
+    row allows; only those slots are read. The new K/V are then written to
+    slots lengths[b] + t of `layer` (past the end: dropped).
+    Everything runs in f32; q, k_new and v_new are taken in the cache's dtype
+    (so that a key scores the same as a new key and later from the cache).
+    Returns (out [B,T,Hq,D] in the cache dtype, k_cache, v_cache), the caches
+    updated in place: thread them from layer to layer.
     """
     require()
     d = q.shape[-1]
-    if d % 16:
-        raise ValueError(f"the native attention needs head_dim divisible by 16, got {d}")
-    out = jax.ffi.ffi_call("eagle_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
-        q.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32).reshape(1),
-        lengths.astype(jnp.int32), k_new.astype(jnp.float32), v_new.astype(jnp.float32),
-        new_mask.astype(bool), scale=np.float32(1.0 / np.sqrt(d)))
-    return out.astype(q.dtype)
+    if d not in (64, 128):
+        raise ValueError(f"the native attention takes head_dim 64 or 128, got {d}")
+    dt = k_cache.dtype
+    cache = jax.ShapeDtypeStruct(k_cache.shape, dt)
+    return jax.ffi.ffi_call(
+        "eagle_attention", (jax.ShapeDtypeStruct(q.shape, dt), cache, cache),
+        input_output_aliases={1: 1, 2: 2})(
+        q.astype(dt), k_cache, v_cache, jnp.asarray(layer, jnp.int32).reshape(1),
+        lengths.astype(jnp.int32), k_new.astype(dt), v_new.astype(dt), new_mask.astype(bool),
+        scale=np.float32(1.0 / np.sqrt(d)))
+
+
+# ---------------------------------------------------------------------------
+# Cache writes in place
+# ---------------------------------------------------------------------------
+
+
+def cache_write(k_cache, v_cache, lengths, k_new, v_new):
+    """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t of the
+    [L, B, Hkv, S, D] caches (past the end: dropped). Returns (k, v), updated
+    in place when the caches are donated."""
+    require()
+    shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
+    return jax.ffi.ffi_call("eagle_cache_write", (shape, shape), input_output_aliases={0: 0, 1: 1})(
+        k_cache, v_cache, lengths.astype(jnp.int32), k_new.astype(k_cache.dtype), v_new.astype(v_cache.dtype))
+
+
+def cache_compact(k_cache, v_cache, lengths, src, n):
+    """For each row b and j < n[b], copy slot lengths[b] + src[b, j] to
+    lengths[b] + j (all sources read first). Returns (k, v)."""
+    require()
+    shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
+    return jax.ffi.ffi_call("eagle_cache_compact", (shape, shape), input_output_aliases={0: 0, 1: 1})(
+        k_cache, v_cache, lengths.astype(jnp.int32), src.astype(jnp.int32), n.astype(jnp.int32))
 
 
 if __name__ == "__main__":  # `python -m eagle_jax.kernels.cpu`: build now, report

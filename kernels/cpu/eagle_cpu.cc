@@ -11,6 +11,8 @@
 //   eagle_attention  grouped-query attention of T new tokens over the
 //                    committed slots of one layer of the KV cache, plus the T
 //                    new keys under a [T, T] mask; reads only the live slots.
+//   eagle_cache_write, eagle_cache_compact
+//                    the cache's slot writes, in place.
 //
 // Determinism: every output element is reduced in an order that depends on
 // neither M (matmul) nor on whether a key sits in the cache or among the new
@@ -75,6 +77,22 @@ inline float scalar(uint16_t h) {
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
 inline vf splat(float s) { return vf{} + s; }
+
+inline void store_elem(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void store_elem(uint16_t* dst, const float* src, int64_t n) {  // f32 -> bf16, round to nearest even
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    dst[i] = uint16_t(u >> 16);
+  }
+}
+
+// If XLA did not alias a result to its operand, start from a copy.
+void adopt(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out) {
+  if (out->untyped_data() != in.untyped_data())
+    std::memcpy(out->untyped_data(), in.untyped_data(), in.size_bytes());
+}
 
 // A fixed pairwise tree over the 16 lanes.
 inline float hsum(vf v) {
@@ -231,8 +249,8 @@ void tile(const X* x, const W* w, float* out, int64_t kx) {
 }
 
 // y[:, tile t] for all M rows. kx: the row length of x in X units (K or K/2).
-template <typename X, typename W>
-void column_tile(const X* x, const W* w, float* y, int64_t M, int64_t kx, int64_t N, int64_t t) {
+template <typename X, typename W, typename Y>
+void column_tile(const X* x, const W* w, Y* y, int64_t M, int64_t kx, int64_t N, int64_t t) {
   const W* wt = w + t * kx * (std::is_same_v<W, float> ? 1 : 2) * kCols;
   const int64_t n0 = t * kCols, width = std::min<int64_t>(kCols, N - n0);
   float buf[kMaxRows * kCols];
@@ -247,13 +265,12 @@ void column_tile(const X* x, const W* w, float* y, int64_t M, int64_t kx, int64_
       case 5: tile<5>(xm, wt, buf, kx); break;
       default: tile<6>(xm, wt, buf, kx); break;
     }
-    for (int64_t m = 0; m < rows; ++m)
-      std::memcpy(y + (m0 + m) * N + n0, buf + m * kCols, width * sizeof(float));
+    for (int64_t m = 0; m < rows; ++m) store_elem(y + (m0 + m) * N + n0, buf + m * kCols, width);
   }
 }
 
-template <typename X, typename W>
-void matmul(ffi::ThreadPool& pool, const X* x, const W* w, float* y, int64_t M, int64_t kx, int64_t N) {
+template <typename X, typename W, typename Y>
+void matmul(ffi::ThreadPool& pool, const X* x, const W* w, Y* y, int64_t M, int64_t kx, int64_t N) {
   const int64_t tiles = (N + kCols - 1) / kCols;
   // Several tiles per task, so that a task streams >= ~128 KiB of W.
   const int64_t tile_bytes = kx * kCols * sizeof(X);
@@ -265,163 +282,322 @@ void matmul(ffi::ThreadPool& pool, const X* x, const W* w, float* y, int64_t M, 
   });
 }
 
-ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                      ffi::ResultBuffer<ffi::F32> y) {
+template <typename X, typename W>
+void matmul_to(ffi::ThreadPool& pool, const X* x, const W* w, ffi::Result<ffi::AnyBuffer>& y, int64_t M,
+               int64_t kx, int64_t N) {
+  if (y->element_type() == ffi::BF16) matmul(pool, x, w, static_cast<uint16_t*>(y->untyped_data()), M, kx, N);
+  else matmul(pool, x, w, static_cast<float*>(y->untyped_data()), M, kx, N);
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
   if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
     return ffi::Error::InvalidArgument("eagle_matmul: x must be [M, K] and y [M, N]");
+  if (y->element_type() != ffi::F32 && y->element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("eagle_matmul: y must be float32 or bfloat16");
   const int64_t M = xd[0], N = yd[1], tiles = (N + kCols - 1) / kCols;
-  float* out = y->typed_data();
   if (x.element_type() == ffi::F32 && w.element_type() == ffi::F32) {
     const int64_t K = xd[1];
     if (wd.size() != 3 || wd[0] != tiles || wd[1] != K || wd[2] != kCols)
       return ffi::Error::InvalidArgument("eagle_matmul: f32 w must be packed [ceil(N/64), K, 64]");
-    matmul(pool, static_cast<const float*>(x.untyped_data()), static_cast<const float*>(w.untyped_data()),
-           out, M, K, N);
+    matmul_to(pool, static_cast<const float*>(x.untyped_data()), static_cast<const float*>(w.untyped_data()),
+              y, M, K, N);
   } else if (x.element_type() == ffi::BF16 && w.element_type() == ffi::BF16) {
     if (xd[1] % 2) return ffi::Error::InvalidArgument("eagle_matmul: bf16 x needs an even K");
     const int64_t K2 = xd[1] / 2;
     if (wd.size() != 4 || wd[0] != tiles || wd[1] != K2 || wd[2] != kCols || wd[3] != 2)
       return ffi::Error::InvalidArgument("eagle_matmul: bf16 w must be packed [ceil(N/64), K/2, 64, 2]");
-    matmul(pool, static_cast<const uint32_t*>(x.untyped_data()),
-           static_cast<const uint16_t*>(w.untyped_data()), out, M, K2, N);
+    matmul_to(pool, static_cast<const uint32_t*>(x.untyped_data()),
+              static_cast<const uint16_t*>(w.untyped_data()), y, M, K2, N);
   } else {
     return ffi::Error::InvalidArgument("eagle_matmul: x and w must both be float32 or both bfloat16");
   }
   return ffi::Error::Success();
 }
 
+// The same with a preset output buffer aliased to y (tests poison it with NaN,
+// so that an element the kernel fails to write shows).
+ffi::Error MatmulIntoImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer /*preset*/,
+                          ffi::Result<ffi::AnyBuffer> y) {
+  return MatmulImpl(pool, x, w, y);
+}
+
 // ---------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------
+//
+// Per query row: scores of every visible key in key order (cache slots
+// 0..len-1, then the new tokens its mask row allows), softmax weights
+// exp(s - max), their sequential sum, then the sequential weighted sum of V.
+// A score is a 16-lane FMA chain over D reduced by the `hsum` tree, whether
+// it is computed one key at a time (new tokens) or 16 cache slots at once
+// (`reduce16`, the same tree per slot): a token gets the same score as a new
+// key as it does later from the cache, so a verify step equals plain steps.
+// The call also writes the new K/V into its layer of the cache (aliased), so
+// the cache passes from layer to layer without XLA copies.
 
-inline float dot64(const float* q, const float* k, int64_t D) {
-  vf acc = load(q) * load(k);
-  for (int64_t d = kLanes; d < D; d += kLanes) acc += load(q + d) * load(k + d);
-  return hsum(acc);
-}
-inline float dot64(const float* q, const uint16_t* k, int64_t D) {
-  vf acc = load(q) * load(k);
-  for (int64_t d = kLanes; d < D; d += kLanes) acc += load(q + d) * load(k + d);
-  return hsum(acc);
+// 16 vectors of lane partials (p[j]: slot j) -> one vector of the 16 sums,
+// each reduced as hsum does: lanes (i, i+8), then (i, i+4), (i, i+2), (0, 1).
+inline vf reduce16(const vf* p) {
+  vf c[8], e[4], g[2];
+  for (int a = 0; a < 8; ++a) {
+    vf lo = __builtin_shufflevector(p[2 * a], p[2 * a + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    vf hi = __builtin_shufflevector(p[2 * a], p[2 * a + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    c[a] = lo + hi;
+  }
+  for (int b = 0; b < 4; ++b) {
+    vf lo = __builtin_shufflevector(c[2 * b], c[2 * b + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    vf hi = __builtin_shufflevector(c[2 * b], c[2 * b + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    e[b] = lo + hi;
+  }
+  for (int q = 0; q < 2; ++q) {
+    vf lo = __builtin_shufflevector(e[2 * q], e[2 * q + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+    vf hi = __builtin_shufflevector(e[2 * q], e[2 * q + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    g[q] = lo + hi;
+  }
+  vf lo = __builtin_shufflevector(g[0], g[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  vf hi = __builtin_shufflevector(g[0], g[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return lo + hi;
 }
 
-template <typename C>
-inline void axpy(float p, const C* v, float* acc, int64_t D) {
-  vf s = splat(p);
-  for (int64_t d = 0; d < D; d += kLanes) store(acc + d, load(acc + d) + s * load(v + d));
+template <int NV, typename K>
+inline vf lane_dot(const vf* q, const K* k) {
+  vf acc = q[0] * load(k);
+  for (int c = 1; c < NV; ++c) acc += q[c] * load(k + 16 * c);
+  return acc;
 }
 
 struct AttnShape {
-  int64_t B, T, Hq, Hkv, D, S, G;
+  int64_t B, T, Hq, Hkv, D, S, G, L;
   int64_t layer;
   float scale;
 };
 
+constexpr int kRowGroup = 24;  // accumulator vectors per PV row group
+
 // One task: query rows [r0, r1) of kv head h in batch row b; a query row r is
 // (t = r % T, group member g = r / T), i.e. query head h * G + g.
-template <typename C>
-void attend_rows(const AttnShape& s, const float* q, const C* kc, const C* vc, const int32_t* lengths,
-                 const float* kn, const float* vn, const bool* mask, float* out, int64_t b, int64_t h,
+template <int NV, typename C>
+void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, const int32_t* lengths,
+                 const C* kn, const C* vn, const bool* mask, C* out, int64_t b, int64_t h,
                  int64_t r0, int64_t r1) {
+  constexpr int D = NV * kLanes;
   const int64_t len = std::clamp<int64_t>(lengths[b], 0, s.S);
-  const int64_t nk = len + s.T;  // visible-key candidates: cache slots, then new tokens
+  const int64_t nk = len + s.T;  // key candidates: cache slots, then new tokens
   const int64_t rows = r1 - r0;
-  const int64_t D = s.D;
-  const int64_t stride_nk = nk + kLanes;  // room for a padded vector tail
-  std::vector<float> scores(rows * stride_nk);
-  std::vector<float> acc(rows * D, 0.0f);
+  const int64_t stride = (nk + 2 * kLanes) & ~int64_t(kLanes - 1);
+  std::vector<float> scores(rows * stride);
   const size_t cache_off = (((s.layer * s.B + b) * s.Hkv + h) * s.S) * D;
   const C* kb = kc + cache_off;
   const C* vb = vc + cache_off;
-  auto qrow = [&](int64_t r) {
-    int64_t t = r % s.T, g = r / s.T;
-    return q + ((b * s.T + t) * s.Hq + h * s.G + g) * D;
-  };
-  auto new_kv = [&](const float* base, int64_t u) { return base + ((b * s.T + u) * s.Hkv + h) * D; };
+  auto qrow = [&](int64_t r) { return q + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D; };
+  auto new_kv = [&](const C* base, int64_t u) { return base + ((b * s.T + u) * s.Hkv + h) * D; };
   const float neg_inf = -INFINITY;
-  // Scores, keys in order; K is read once for all rows.
-  for (int64_t j = 0; j < len; ++j)
-    for (int64_t r = r0; r < r1; ++r) scores[(r - r0) * stride_nk + j] = dot64(qrow(r), kb + j * D, D) * s.scale;
-  for (int64_t u = 0; u < s.T; ++u)
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t t = r % s.T;
-      bool visible = mask[(b * s.T + t) * s.T + u];
-      scores[(r - r0) * stride_nk + len + u] = visible ? dot64(qrow(r), new_kv(kn, u), D) * s.scale : neg_inf;
+  std::vector<vf> qv(rows * NV);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int c = 0; c < NV; ++c) qv[i * NV + c] = load(qrow(r0 + i) + 16 * c);
+  // Cache scores, 16 slots at a time (K converted to f32 once per block).
+  alignas(64) float kblk[kLanes * D];
+  for (int64_t j0 = 0; j0 < len; j0 += kLanes) {
+    const int64_t nb = std::min<int64_t>(kLanes, len - j0);
+    for (int64_t j = 0; j < kLanes; ++j)
+      for (int c = 0; c < NV; ++c)
+        store(kblk + j * D + 16 * c, j < nb ? load(kb + (j0 + j) * D + 16 * c) : vf{});
+    for (int64_t i = 0; i < rows; ++i) {
+      vf p[kLanes];
+      for (int j = 0; j < kLanes; ++j) p[j] = lane_dot<NV>(&qv[i * NV], kblk + j * D);
+      store(scores.data() + i * stride + j0, reduce16(p) * s.scale);
     }
-  // Softmax weights per row: max, exp, sequential sum.
-  std::vector<float> denom(rows);
+  }
+  // New-token scores, one key at a time.
+  for (int64_t u = 0; u < s.T; ++u)
+    for (int64_t i = 0; i < rows; ++i) {
+      bool visible = mask[(b * s.T + (r0 + i) % s.T) * s.T + u];
+      scores[i * stride + len + u] = visible ? hsum(lane_dot<NV>(&qv[i * NV], new_kv(kn, u))) * s.scale : neg_inf;
+    }
+  // Softmax weights: max, exp, sequential sum.
+  std::vector<float> inv(rows);
   for (int64_t i = 0; i < rows; ++i) {
-    float* sc = scores.data() + i * stride_nk;
+    float* sc = scores.data() + i * stride;
     float mx = neg_inf;
     for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, sc[j]);
     if (!std::isfinite(mx)) mx = 0.0f;
-    for (int64_t j = nk; j < nk + kLanes; ++j) sc[j] = neg_inf;
+    for (int64_t j = nk; j < stride; ++j) sc[j] = neg_inf;
     for (int64_t j = 0; j < nk; j += kLanes) store(sc + j, exp_nonpositive(load(sc + j) - mx));
     float sum = 0.0f;
     for (int64_t j = 0; j < nk; ++j) sum += sc[j];
-    denom[i] = sum;
+    inv[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
-  // Weighted values, keys in order; V is read once for all rows.
-  for (int64_t j = 0; j < len; ++j)
-    for (int64_t i = 0; i < rows; ++i) axpy(scores[i * stride_nk + j], vb + j * D, acc.data() + i * D, D);
-  for (int64_t u = 0; u < s.T; ++u)
-    for (int64_t i = 0; i < rows; ++i)
-      axpy(scores[i * stride_nk + len + u], new_kv(vn, u), acc.data() + i * D, D);
-  for (int64_t r = r0; r < r1; ++r) {
-    int64_t i = r - r0, t = r % s.T, g = r / s.T;
-    float inv = denom[i] > 0.0f ? 1.0f / denom[i] : 0.0f;
-    float* o = out + ((b * s.T + t) * s.Hq + h * s.G + g) * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = acc[i * D + d] * inv;
+  // Weighted values: rows in groups whose accumulators stay in registers.
+  constexpr int G = std::max(1, kRowGroup / NV);
+  for (int64_t g0 = 0; g0 < rows; g0 += G) {
+    const int64_t gn = std::min<int64_t>(G, rows - g0);
+    vf acc[G][NV] = {};
+    auto add = [&](int64_t j, auto v_at) {
+      vf v[NV];
+      for (int c = 0; c < NV; ++c) v[c] = v_at(c);
+      for (int64_t i = 0; i < gn; ++i) {
+        vf w = splat(scores[(g0 + i) * stride + j]);
+        for (int c = 0; c < NV; ++c) acc[i][c] += w * v[c];
+      }
+    };
+    for (int64_t j = 0; j < len; ++j) add(j, [&](int c) { return load(vb + j * D + 16 * c); });
+    for (int64_t u = 0; u < s.T; ++u) add(len + u, [&](int c) { return load(new_kv(vn, u) + 16 * c); });
+    for (int64_t i = 0; i < gn; ++i) {
+      const int64_t r = r0 + g0 + i;
+      float o[D];
+      for (int c = 0; c < NV; ++c) store(o + 16 * c, acc[i][c] * inv[g0 + i]);
+      store_elem(out + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D, o, D);
+    }
   }
 }
 
-ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
-                         ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer,
-                         ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::F32> k_new,
-                         ffi::Buffer<ffi::F32> v_new, ffi::Buffer<ffi::PRED> mask,
-                         ffi::ResultBuffer<ffi::F32> out, float scale) {
+ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache,
+                         ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths, ffi::AnyBuffer k_new,
+                         ffi::AnyBuffer v_new, ffi::Buffer<ffi::PRED> mask, ffi::Result<ffi::AnyBuffer> out,
+                         ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, float scale) {
   auto qd = q.dimensions();
   auto cd = k_cache.dimensions();
   if (qd.size() != 4 || cd.size() != 5)
     return ffi::Error::InvalidArgument("eagle_attention: q must be [B,T,Hq,D], the cache [L,B,Hkv,S,D]");
-  AttnShape s{qd[0], qd[1], qd[2], cd[2], qd[3], cd[3], 0, 0, scale};
-  if (s.D % kLanes || cd[4] != s.D || cd[1] != s.B || s.Hq % s.Hkv)
-    return ffi::Error::InvalidArgument("eagle_attention: head_dim must be a multiple of 16 and shapes agree");
-  if (k_cache.element_type() != v_cache.element_type())
-    return ffi::Error::InvalidArgument("eagle_attention: k and v caches differ in dtype");
+  AttnShape s{qd[0], qd[1], qd[2], cd[2], qd[3], cd[3], 0, cd[0], 0, scale};
+  if ((s.D != 64 && s.D != 128) || cd[4] != s.D || cd[1] != s.B || s.Hq % s.Hkv)
+    return ffi::Error::InvalidArgument("eagle_attention: head_dim must be 64 or 128 and the shapes agree");
+  const auto dt = k_cache.element_type();
+  if (v_cache.element_type() != dt || q.element_type() != dt || k_new.element_type() != dt ||
+      v_new.element_type() != dt || out->element_type() != dt || (dt != ffi::F32 && dt != ffi::BF16))
+    return ffi::Error::InvalidArgument("eagle_attention: q, new K/V, caches and out must share one dtype (f32 or bf16)");
+  adopt(k_cache, k_out);
+  adopt(v_cache, v_out);
   s.G = s.Hq / s.Hkv;
-  s.layer = std::clamp<int64_t>(layer.typed_data()[0], 0, cd[0] - 1);
+  s.layer = std::clamp<int64_t>(layer.typed_data()[0], 0, s.L - 1);
   const int64_t R = s.G * s.T;
-  // Split each (b, h) into row chunks so that both threads have work at batch 1.
+  // Each task streams its head's K and V once. With few rows (decode) that
+  // stream is the cost, so heads are not split; with many rows (verify) the
+  // scores are, and each head's rows are split so that every thread has work.
   const int64_t units = s.B * s.Hkv;
-  const int64_t want = 4 * std::max<int64_t>(1, pool.num_threads());
-  const int64_t chunks = std::min<int64_t>(R, std::max<int64_t>(1, (want + units - 1) / units));
+  const int64_t want = 2 * std::max<int64_t>(1, pool.num_threads());
+  const int64_t chunks =
+      R <= 8 ? 1 : std::min<int64_t>(R / 4, std::max<int64_t>(1, (want + units - 1) / units));
   const int64_t rows_per = (R + chunks - 1) / chunks;
   const bool* m = reinterpret_cast<const bool*>(mask.typed_data());
-  float* o = out->typed_data();
-  auto run = [&](auto* kc, auto* vc) {
+  auto run = [&](auto tag) {
+    using C = decltype(tag);
+    auto cast = [](auto& buf) { return static_cast<const C*>(buf.untyped_data()); };
+    const C *qp = cast(q), *kc = cast(k_cache), *vc = cast(v_cache), *kn = cast(k_new), *vn = cast(v_new);
+    C* o = static_cast<C*>(out->untyped_data());
     parallel_for(pool, units * chunks, [&](int64_t i) {
       int64_t unit = i / chunks, c = i % chunks;
       int64_t r0 = c * rows_per, r1 = std::min(R, r0 + rows_per);
       if (r0 >= r1) return;
-      attend_rows(s, q.typed_data(), kc, vc, lengths.typed_data(), k_new.typed_data(),
-                  v_new.typed_data(), m, o, unit / s.Hkv, unit % s.Hkv, r0, r1);
+      auto f = s.D == 64 ? attend_rows<4, C> : attend_rows<8, C>;
+      f(s, qp, kc, vc, lengths.typed_data(), kn, vn, m, o, unit / s.Hkv, unit % s.Hkv, r0, r1);
     });
+    // Then store the new K/V into this layer's slots lengths[b] + t.
+    auto* kd = static_cast<C*>(k_out->untyped_data());
+    auto* vd = static_cast<C*>(v_out->untyped_data());
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t t = 0; t < s.T; ++t) {
+        const int64_t slot = int64_t(lengths.typed_data()[b]) + t;
+        if (slot < 0 || slot >= s.S) continue;
+        for (int64_t h = 0; h < s.Hkv; ++h) {
+          const size_t dst = (((s.layer * s.B + b) * s.Hkv + h) * s.S + slot) * s.D;
+          const size_t src = ((b * s.T + t) * s.Hkv + h) * s.D;
+          std::memcpy(kd + dst, kn + src, s.D * sizeof(C));
+          std::memcpy(vd + dst, vn + src, s.D * sizeof(C));
+        }
+      }
   };
-  switch (k_cache.element_type()) {
-    case ffi::F32:
-      run(static_cast<const float*>(k_cache.untyped_data()), static_cast<const float*>(v_cache.untyped_data()));
-      break;
-    case ffi::BF16:
-      run(static_cast<const uint16_t*>(k_cache.untyped_data()),
-          static_cast<const uint16_t*>(v_cache.untyped_data()));
-      break;
-    default:
-      return ffi::Error::InvalidArgument("eagle_attention: the cache must be float32 or bfloat16");
+  if (dt == ffi::F32) run(float{});
+  else run(uint16_t{});
+  return ffi::Error::Success();
+}
+
+// ---------------------------------------------------------------------------
+// KV cache writes, in place (the cache operands are aliased to the results)
+// ---------------------------------------------------------------------------
+//
+// XLA:CPU runs a bf16 scatter in f32: it converts the whole cache to f32 and
+// back around every write. These copy just the slots that change.
+
+struct CacheGeom {
+  int64_t L, B, H, S, D, elem;
+  size_t slot(int64_t l, int64_t b, int64_t h, int64_t s) const {
+    return ((((l * B + b) * H + h) * S + s) * D) * elem;
   }
+};
+
+ffi::Error check_cache(const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, CacheGeom* g) {
+  auto d = k.dimensions();
+  if (d.size() != 5) return ffi::Error::InvalidArgument("cache must be [L, B, Hkv, S, D]");
+  if (k.element_type() != v.element_type() || k.element_count() != v.element_count())
+    return ffi::Error::InvalidArgument("k and v caches differ in dtype or shape");
+  *g = CacheGeom{d[0], d[1], d[2], d[3], d[4], int64_t(k.size_bytes() / std::max<size_t>(1, k.element_count()))};
+  return ffi::Error::Success();
+}
+
+
+// k_new/v_new [L, B, T, Hkv, D] in the cache dtype go to slots lengths[b] + t (past the end: dropped).
+ffi::Error CacheWriteImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths, ffi::AnyBuffer k_new,
+                          ffi::AnyBuffer v_new, ffi::Result<ffi::AnyBuffer> k_out,
+                          ffi::Result<ffi::AnyBuffer> v_out) {
+  CacheGeom g;
+  if (auto e = check_cache(k, v, &g); e.failure()) return e;
+  auto nd = k_new.dimensions();
+  if (nd.size() != 5 || nd[0] != g.L || nd[1] != g.B || nd[3] != g.H || nd[4] != g.D ||
+      k_new.element_type() != k.element_type())
+    return ffi::Error::InvalidArgument("eagle_cache_write: new K/V must be [L, B, T, Hkv, D] in the cache dtype");
+  adopt(k, k_out);
+  adopt(v, v_out);
+  const int64_t T = nd[2];
+  const size_t row = g.D * g.elem;
+  auto* kd = static_cast<char*>(k_out->untyped_data());
+  auto* vd = static_cast<char*>(v_out->untyped_data());
+  auto* kn = static_cast<const char*>(k_new.untyped_data());
+  auto* vn = static_cast<const char*>(v_new.untyped_data());
+  for (int64_t l = 0; l < g.L; ++l)
+    for (int64_t b = 0; b < g.B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t slot = int64_t(lengths.typed_data()[b]) + t;
+        if (slot < 0 || slot >= g.S) continue;
+        for (int64_t h = 0; h < g.H; ++h) {
+          const size_t src = ((((l * g.B + b) * T + t) * g.H + h) * g.D) * g.elem;
+          std::memcpy(kd + g.slot(l, b, h, slot), kn + src, row);
+          std::memcpy(vd + g.slot(l, b, h, slot), vn + src, row);
+        }
+      }
+  return ffi::Error::Success();
+}
+
+// For j < n[b]: slot lengths[b] + src[b, j] -> slot lengths[b] + j (an accepted tree path).
+ffi::Error CacheCompactImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths,
+                            ffi::Buffer<ffi::S32> src, ffi::Buffer<ffi::S32> n,
+                            ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out) {
+  CacheGeom g;
+  if (auto e = check_cache(k, v, &g); e.failure()) return e;
+  auto sd = src.dimensions();
+  if (sd.size() != 2 || sd[0] != g.B) return ffi::Error::InvalidArgument("eagle_cache_compact: src must be [B, A]");
+  adopt(k, k_out);
+  adopt(v, v_out);
+  const int64_t A = sd[1];
+  const size_t row = g.D * g.elem;
+  std::vector<char> tmp(A * row);
+  for (char* base : {static_cast<char*>(k_out->untyped_data()), static_cast<char*>(v_out->untyped_data())})
+    for (int64_t b = 0; b < g.B; ++b) {
+      const int64_t len = lengths.typed_data()[b];
+      const int64_t count = std::clamp<int64_t>(n.typed_data()[b], 0, A);
+      for (int64_t l = 0; l < g.L; ++l)
+        for (int64_t h = 0; h < g.H; ++h) {
+          for (int64_t j = 0; j < count; ++j) {  // read every source before writing any slot
+            const int64_t s = std::clamp<int64_t>(len + src.typed_data()[b * A + j], 0, g.S - 1);
+            std::memcpy(tmp.data() + j * row, base + g.slot(l, b, h, s), row);
+          }
+          for (int64_t j = 0; j < count; ++j)
+            if (len + j >= 0 && len + j < g.S) std::memcpy(base + g.slot(l, b, h, len + j), tmp.data() + j * row, row);
+        }
+    }
   return ffi::Error::Success();
 }
 
@@ -432,18 +608,48 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleMatmul, MatmulImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleMatmulInto, MatmulIntoImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleAttention, AttentionImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("scale"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleCacheWrite, CacheWriteImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleCacheCompact, CacheCompactImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());

@@ -1,0 +1,164 @@
+"""The native CPU kernels (kernels/cpu) against independent references.
+
+matmul against a float64 NumPy product on awkward shapes (M 1..33, K and N
+off the 64-column tile and odd K for bf16 pairs), with the output poisoned
+so an unwritten element shows; the row-independence the greedy equivalence
+rests on (each row bit-for-bit what a single-row call gives); attention
+against the XLA attention of nn/attention.py, including the property that a
+key scores the same as a new token as it later does from the cache; the
+in-place cache writes against the XLA scatter; the fallback without a
+compiler.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eagle_jax.cache import KVCache, causal_mask, committed_mask
+from eagle_jax.kernels import cpu, fused_norm_matmul, resolve_impl
+from eagle_jax.nn.attention import attention as xla_attention
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"native kernels: {cpu.unavailable_reason()}")
+
+# |error| bound relative to sum_k |x_k w_k| (f32 accumulation of exact products)
+BOUND = {"float32": 2e-6, "bfloat16": 2e-6}
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    monkeypatch.setattr(cpu, "_POISON_OUTPUT", float("nan"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (5, 576, 3072), (7, 1536, 576), (13, 40, 70),
+                                   (33, 17, 130), (2, 1, 3), (6, 65, 64), (12, 7, 129), (32, 64, 1)])
+def test_matmul_against_float64(poisoned, dtype, m, k, n):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    w = jnp.asarray(rng.standard_normal((k, n)), dtype)
+    pw = cpu.pack_weight(w)
+    np.testing.assert_array_equal(np.asarray(pw.unpack()), np.asarray(w))
+    y = np.asarray(jax.jit(cpu.matmul)(x, pw))
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    ref, scale = x64 @ w64, np.abs(x64) @ np.abs(w64)
+    assert np.all(np.isfinite(y)), "an output element was not written"
+    assert np.max(np.abs(y - ref) / (scale + 1e-30)) < BOUND[dtype] * max(1, k / 64)
+    # bf16 output: the f32 result rounded once
+    yb = jax.jit(lambda x, p: cpu.matmul(x, p, out_dtype=jnp.bfloat16))(x, pw)
+    np.testing.assert_array_equal(np.asarray(yb), np.asarray(jnp.asarray(y).astype(jnp.bfloat16)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_rows_do_not_depend_on_m(dtype):
+    """Row i of an M-row call equals the 1-row call on x[i], bit for bit, for every M."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((17, 576)), dtype)
+    pw = cpu.pack_weight(jnp.asarray(rng.standard_normal((576, 200)) * 0.05, dtype))
+    mm = jax.jit(cpu.matmul)
+    singles = np.stack([np.asarray(mm(x[i:i + 1], pw))[0] for i in range(17)])
+    for m in (2, 5, 6, 7, 12, 17):
+        np.testing.assert_array_equal(np.asarray(mm(x[:m], pw)), singles[:m])
+
+
+def test_fused_norm_matmul_packed_equals_xla_reference():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((3, 4, 96)), jnp.float32)
+    g = jnp.asarray(1 + 0.1 * rng.standard_normal((96,)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((96, 80)) * 0.1, jnp.float32)
+    b = jnp.asarray(rng.standard_normal((80,)), jnp.float32)
+    ref = fused_norm_matmul(x, g, w, eps=1e-5, bias=b, impl="xla")
+    got = fused_norm_matmul(x, g, cpu.pack_weight(w), eps=1e-5, bias=b)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-5)
+    seg = fused_norm_matmul(x, g.reshape(2, 48), cpu.pack_weight(w), eps=1e-5, segments=2)
+    np.testing.assert_allclose(np.asarray(seg), np.asarray(
+        fused_norm_matmul(x, g.reshape(2, 48), w, eps=1e-5, segments=2, impl="xla")), rtol=1e-5, atol=1e-5)
+
+
+def _attention_inputs(rng, dtype, b=2, t=5, hq=9, hkv=3, d=64, layers=3, s=48, lengths=(7, 33)):
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+    mask = jnp.asarray(rng.random((b, t, t)) < 0.5) | jnp.eye(t, dtype=bool)[None]
+    return dict(q=arr(b, t, hq, d), k_cache=arr(layers, b, hkv, s, d), v_cache=arr(layers, b, hkv, s, d),
+                lengths=jnp.asarray(lengths, jnp.int32), k_new=arr(b, t, hkv, d), v_new=arr(b, t, hkv, d),
+                new_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("t,d,lengths", [(1, 64, (7, 33)), (5, 64, (0, 48)), (12, 128, (40, 3)), (3, 64, (46, 47))])
+def test_attention_against_xla(dtype, t, d, lengths):
+    a = _attention_inputs(np.random.default_rng(t + d), dtype, t=t, d=d, lengths=lengths)
+    out, k2, v2 = jax.jit(cpu.attention, static_argnums=3)(a["q"], a["k_cache"], a["v_cache"], 1, a["lengths"],
+                                                          a["k_new"], a["v_new"], a["new_mask"])
+    f32 = lambda x: x.astype(jnp.float32)
+    s = a["k_cache"].shape[3]
+    ref = xla_attention(f32(a["q"]), f32(a["k_cache"][1]), f32(a["v_cache"][1]),
+                        committed_mask(a["lengths"], s, t), f32(a["k_new"]), f32(a["v_new"]), a["new_mask"])
+    tol = 2e-6 if dtype == "float32" else 1e-2  # bf16: the output is rounded to bf16
+    np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
+    # The new K/V went to slots lengths[b] + t of layer 1 (past the end: dropped); nothing else changed.
+    cache = KVCache(a["k_cache"], a["v_cache"], a["lengths"])
+    want = cache.write(jnp.zeros_like(a["k_new"])[None].repeat(3, 0).at[1].set(a["k_new"]),
+                       jnp.zeros_like(a["v_new"])[None].repeat(3, 0).at[1].set(a["v_new"]), impl="xla")
+    for layer in range(3):
+        expect_k = want.k[layer] if layer == 1 else a["k_cache"][layer]
+        np.testing.assert_array_equal(np.asarray(k2[layer]), np.asarray(expect_k))
+        np.testing.assert_array_equal(np.asarray(v2[layer]), np.asarray(
+            want.v[layer] if layer == 1 else a["v_cache"][layer]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_key_scores_the_same_new_and_cached(dtype):
+    """Verifying 4 tokens at once gives bit for bit what 4 one-token steps give."""
+    rng = np.random.default_rng(5)
+    a = _attention_inputs(rng, dtype, b=1, t=4, layers=1, s=64, lengths=(21,))
+    run = jax.jit(cpu.attention, static_argnums=3)
+    causal = causal_mask(1, 4)
+    together, _, _ = run(a["q"], a["k_cache"], a["v_cache"], 0, a["lengths"], a["k_new"], a["v_new"], causal)
+    kc, vc = a["k_cache"], a["v_cache"]
+    for i in range(4):
+        one, kc, vc = run(a["q"][:, i:i + 1], kc, vc, 0, a["lengths"] + i, a["k_new"][:, i:i + 1],
+                          a["v_new"][:, i:i + 1], causal_mask(1, 1))
+        np.testing.assert_array_equal(np.asarray(one[:, 0]), np.asarray(together[:, i]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_write_and_compact_equal_the_xla_scatter(dtype):
+    rng = np.random.default_rng(7)
+    shape = (2, 2, 3, 20, 16)  # [L, B, Hkv, S, D]
+    cache = KVCache(jnp.asarray(rng.standard_normal(shape), dtype), jnp.asarray(rng.standard_normal(shape), dtype),
+                    jnp.asarray([4, 17], jnp.int32))
+    k_new = jnp.asarray(rng.standard_normal((2, 2, 5, 3, 16)), dtype)  # row 1 overflows the 20 slots
+    v_new = jnp.asarray(rng.standard_normal((2, 2, 5, 3, 16)), dtype)
+    for impl in ("native", "xla"):
+        assert resolve_impl(impl) == impl
+    a, b = cache.write(k_new, v_new, impl="native"), cache.write(k_new, v_new, impl="xla")
+    np.testing.assert_array_equal(np.asarray(a.k), np.asarray(b.k))
+    np.testing.assert_array_equal(np.asarray(a.v), np.asarray(b.v))
+    src = jnp.asarray([[0, 2, 3, 0], [0, 1, 1, 2]], jnp.int32)
+    n = jnp.asarray([3, 2], jnp.int32)
+    a, b = a.compact(src, n, impl="native"), b.compact(src, n, impl="xla")
+    np.testing.assert_array_equal(np.asarray(a.k), np.asarray(b.k))
+    np.testing.assert_array_equal(np.asarray(a.v), np.asarray(b.v))
+    np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
+
+
+def test_without_a_compiler_auto_falls_back_and_native_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE_JAX_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(cpu, "_compiler", lambda: None)
+    with pytest.raises(cpu.NativeKernelError, match="no C\\+\\+ compiler"):
+        cpu.build()
+    monkeypatch.setattr(cpu, "_state", {"error": "no C++ compiler found"})
+    assert resolve_impl("auto") == "xla"
+    with pytest.raises(cpu.NativeKernelError, match="no C\\+\\+ compiler"):
+        resolve_impl("native")
+
+
+def test_bad_inputs_get_clear_errors():
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu.pack_weight(np.zeros((4, 4), np.float16))
+    with pytest.raises(ValueError, match="K=8"):
+        cpu.matmul(jnp.zeros((1, 5)), cpu.pack_weight(np.zeros((8, 4), np.float32)))
+    a = _attention_inputs(np.random.default_rng(0), "float32", d=32)
+    with pytest.raises(ValueError, match="head_dim 64 or 128"):
+        cpu.attention(a["q"], a["k_cache"], a["v_cache"], 0, a["lengths"], a["k_new"], a["v_new"], a["new_mask"])
