@@ -34,7 +34,8 @@ def random_prompts(vocab, lengths, seed=3):
             for i, n in enumerate(lengths)]
 
 
-def smollm2_random_drafter(tcfg, variant, draft_vocab=4096, seed=11):
+def smollm2_random_drafter(tcfg, variant, draft_vocab=4096, seed=11, scale=0.02):
+    """A random drafter shaped like the target's layers (any target config)."""
     flags = {"eagle3": {}, "eagle3.1": dict(fc_norm=True, norm_output=True)}[variant]
     cfg = DrafterConfig(hidden_size=tcfg.hidden_size, intermediate_size=tcfg.intermediate_size,
                         num_heads=tcfg.num_heads, num_kv_heads=tcfg.num_kv_heads, head_dim=tcfg.head_dim,
@@ -42,7 +43,7 @@ def smollm2_random_drafter(tcfg, variant, draft_vocab=4096, seed=11):
                         target_hidden_size=tcfg.hidden_size, aux_layer_ids=tcfg.default_aux_layers(),
                         rope=tcfg.rope, rms_norm_eps=tcfg.rms_norm_eps,
                         max_position_embeddings=tcfg.max_position_embeddings, **flags)
-    params = drafter.init_params(cfg, jax.random.PRNGKey(seed))
+    params = drafter.init_params(cfg, jax.random.PRNGKey(seed), scale=scale)
     ids = jnp.sort(jax.random.permutation(jax.random.PRNGKey(seed + 1), tcfg.vocab_size)[:draft_vocab])
     return cfg, params, drafter.DraftVocab.from_target_ids(ids, tcfg.vocab_size)
 

@@ -16,7 +16,7 @@ from eagle_jax.generate import Generator
 from eagle_jax.kernels import cpu
 from eagle_jax.models import target
 
-from spec_helpers import random_prompts, tiny_drafter
+from spec_helpers import random_prompts, smollm2_random_drafter
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"native kernels: {cpu.unavailable_reason()}")
 
@@ -28,23 +28,23 @@ BF16_GAP = 0.25
 
 
 def native_target(dtype=jnp.float32):
-    """A small Llama with head_dim 64, the shape the native attention takes."""
-    cfg = TargetConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
-                       num_kv_heads=2, head_dim=64, max_position_embeddings=512)
+    """A small Llama with head_dim 64 (the shape the native attention takes) and a tiny vocabulary."""
+    cfg = TargetConfig(vocab_size=8, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
+                       num_kv_heads=2, head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-5)
     return cfg, target.init_params(cfg, jax.random.PRNGKey(0), scale=0.3, dtype=dtype)
 
 
 @pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
 def test_fp32_exact_at_head_dim_64(spec):
     tcfg, tparams = native_target()
-    d = tiny_drafter(tcfg, "eagle3.1", draft_vocab=48)
-    prompts = random_prompts(64, [11, 4, 23])
+    d = smollm2_random_drafter(tcfg, "eagle3.1", draft_vocab=6, scale=0.3)
+    prompts = random_prompts(8, [11, 4, 23])
     plain = Generator(tcfg, tparams, impl="native").generate(prompts, max_new_tokens=30)
     gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="native")
     out = gen.generate(prompts, max_new_tokens=30)
     assert out.token_ids == plain.token_ids
     assert gen.generate([prompts[1]], max_new_tokens=30).token_ids[0] == plain.token_ids[1]
-    assert out.stats["num_verify_steps"] < 3 * 29  # some drafts were accepted: the verify path ran
+    assert out.stats["accepted_tokens"] > 0  # the tiny vocabulary makes random drafts hit: paths are compacted
 
 
 def _first_gap(gen, prompt_ids, ours, ref):
