@@ -222,7 +222,7 @@ def merge(working: str | os.PathLike | Iterable[str | os.PathLike], committed: s
                 dup += 1
                 continue
             have.add(cid)
-            new_lines.append(raw[-1] if raw[-1].endswith(b"\n") else raw[-1] + b"\n")
+            new_lines.append(raw[-1])  # iter_jsonl yields only newline-terminated lines
             new_recs.append(r)
         torn += bool(wstats["torn"])
     added = _counts(new_recs, heldout, count_tokens)
@@ -252,8 +252,7 @@ def merge(working: str | os.PathLike | Iterable[str | os.PathLike], committed: s
     prov = json.loads(prov_path.read_text()) if prov_path.is_file() else {}
     now = _now()
     for k, v in (info or {}).items():
-        if k not in prov or not prov_path.is_file():
-            prov[k] = v
+        prov.setdefault(k, v)
     prov.setdefault("created", now)
     if new_recs or "counts" not in prov:
         prov["updated"] = now
