@@ -10,16 +10,17 @@ Measured in one run, each as a ratio to a baseline of the same run:
   decode step: the bytes of the target's weights (its packed lm_head
   included) over that bandwidth.
 * `forward`: the engine's real target forward (`target.forward` + logits on
-  the parameters `Generator` decodes with, cache donated, a committed context
-  of `context` tokens) over M = 1, 2, 3, 5, 8, 12, 16, 32 new tokens per row,
+  the parameters `Generator` decodes with, 8 forwards in one jitted loop, a
+  committed context of `context` tokens) over M = 1, 2, 3, 5, 8, 12, 16, 32 new tokens per row,
   batch 1 and 4; median ms, ratio to M = 1 and to the floor. Plus M = 1 at a
   long context (`long_context`), the KV bytes a plain step must read.
 * `drafter`: one drafter step (T = 1, a chain step; T = top_k, a tree level)
   and the feature projection, against a target M = 1 forward.
 * `steps`: whole decoding steps from `Generator.generate` (plain, chain k,
   the default tree; greedy, one prompt, warm): steady-state ms per step =
-  (wall - TTFT) / steps, and spec step / plain step. The same run gives
-  each engine's tokens/s, so the speedup is beside the step ratio.
+  (wall - TTFT) / steps, median of interleaved rounds, and spec step /
+  plain step; tokens/s over the decode phase (prefill excluded), so the
+  speedup is beside the step ratio.
 * `breakdown`: a `jax.profiler` trace of those runs, XLA op time per named
   scope of the step (spec/loop.py: target, draft, accept, commit, drafter),
   in ms per step.
@@ -63,10 +64,16 @@ def bandwidth_gbps(repeats: int = 7) -> float:
     import jax
     import jax.numpy as jnp
 
-    x = jnp.zeros((64 << 20,), jnp.float32)
-    f = jax.jit(lambda x: x + 1.0)
-    ms = _median_ms(lambda: f(x), repeats)
-    return 2 * x.nbytes / (ms / 1e3) / 1e9
+    holder = {"x": jnp.zeros((64 << 20,), jnp.float32)}
+    nbytes = holder["x"].nbytes
+    f = jax.jit(lambda x: x + 1.0, donate_argnums=0)  # in place: no fresh pages to fault in
+
+    def call():
+        holder["x"] = f(holder["x"])
+        return holder["x"]
+
+    ms = _median_ms(call, repeats)
+    return 2 * nbytes / (ms / 1e3) / 1e9
 
 
 def _param_bytes(tree) -> int:
@@ -81,8 +88,10 @@ def weight_bytes(params) -> int:
     return _param_bytes({k: v for k, v in params.items() if k != "embed"})
 
 
-def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: int) -> dict[int, float]:
-    """Median ms of one target forward + logits over m new tokens per row."""
+def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: int, inner: int = 8) -> dict[int, float]:
+    """Median ms of one target forward + logits over m new tokens per row, from
+    `inner` forwards in one jitted `fori_loop` (as the decoding loop runs them:
+    no per-call dispatch), each at the same committed context."""
     import jax
     import jax.numpy as jnp
 
@@ -90,11 +99,14 @@ def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: i
 
     cfg, params = gen.target_cfg, gen.target_params
 
-    def step(params, cache, tok, pos):
-        h, cache, _ = target.forward(params, cfg, tok, pos, cache, impl=gen.impl)
-        return target.logits(params, cfg, h, impl=gen.impl), cache
+    def many(params, cache, tok, pos):
+        def body(_, carry):
+            cache, acc = carry
+            h, cache, _ = target.forward(params, cfg, tok, pos, cache, impl=gen.impl)
+            return cache, acc + target.logits(params, cfg, h, impl=gen.impl)[:, -1, 0]
+        return jax.lax.fori_loop(0, inner, body, (cache, jnp.zeros((tok.shape[0],), jnp.float32)))
 
-    f = jax.jit(step, donate_argnums=1)
+    f = jax.jit(many, donate_argnums=1)
     dtype = params["embed"].dtype
     out = {}
     for m in ms:
@@ -104,10 +116,10 @@ def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: i
         pos = context + jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), (batch, m))
 
         def call():
-            lg, holder["cache"] = f(params, holder["cache"], tok, pos)
-            return lg
+            holder["cache"], acc = f(params, holder["cache"], tok, pos)
+            return acc
 
-        out[m] = _median_ms(call, repeats)
+        out[m] = _median_ms(call, repeats) / inner
     return out
 
 
@@ -137,18 +149,27 @@ def drafter_costs(gen, context: int, repeats: int) -> dict:
     return out
 
 
-def _steady_step(gen, max_new: int, repeats: int) -> dict:
-    """Warm generate runs: ms per decoding step (wall - TTFT over the steps), tokens/s, tau."""
-    best = None
-    for _ in range(repeats + 1):  # the first run compiles
-        r = gen.generate([PROMPT], max_new_tokens=max_new)
-        steps = r.stats.get("num_verify_steps") or (r.num_generated - 1)
-        ms = 1e3 * (r.wall_s - r.ttft_s) / max(steps, 1)
-        rec = {"ms_per_step": ms, "steps": steps, "tokens_per_s": r.tokens_per_s,
-               "tau": r.stats.get("acceptance_length"), "tokens": r.token_ids[0]}
-        if best is None or ms < best["ms_per_step"]:
-            best = rec
-    return best
+def steady_steps(engines: dict, max_new: int, rounds: int) -> dict:
+    """Warm generate runs, engines interleaved round by round: median ms per
+    decoding step ((wall - TTFT) / steps), tokens/s and tau per engine."""
+    for g in engines.values():  # compile (or load from the persistent cache) and warm
+        g.generate([PROMPT], max_new_tokens=max_new)
+    runs = {name: [] for name in engines}
+    for i in range(rounds):
+        order = list(engines) if i % 2 == 0 else list(engines)[::-1]
+        for name in order:
+            r = engines[name].generate([PROMPT], max_new_tokens=max_new)
+            steps = r.stats.get("num_verify_steps") or (r.num_generated - 1)
+            runs[name].append({"ms_per_step": 1e3 * (r.wall_s - r.ttft_s) / max(steps, 1), "steps": steps,
+                               "tokens_per_s": r.num_generated / (r.wall_s - r.ttft_s),
+                               "tau": r.stats.get("acceptance_length"), "tokens": r.token_ids[0]})
+    out = {}
+    for name, rs in runs.items():
+        med = statistics.median(x["ms_per_step"] for x in rs)
+        out[name] = {"ms_per_step": med, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
+                     "steps": rs[0]["steps"], "tau": rs[0]["tau"], "tokens": rs[0]["tokens"],
+                     "ms_per_step_runs": [x["ms_per_step"] for x in rs]}
+    return out
 
 
 def _trace_scopes(gen, max_new: int) -> dict:
@@ -238,15 +259,15 @@ def run(dtypes=("bfloat16", "float32"), *, quick: bool = False, target: str = "s
                    "tree": Generator.load(target, draft="default", dtype=dtype, spec=SpecConfig())}
         r["drafter"] = drafter_costs(engines["tree"], context, repeats)
         r["drafter"]["vs_target_m1"] = {k: v / short for k, v in r["drafter"].items() if k != "weight_bytes"}
-        steps = {name: _steady_step(g, max_new, 2) for name, g in engines.items()}
+        steps = steady_steps(engines, max_new, rounds=3 if quick else 5)
         base = steps["plain"]
+        plain_tokens = base["tokens"]
         for name, s in steps.items():
             s["vs_plain_step"] = s["ms_per_step"] / base["ms_per_step"]
             s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"]
-            s["greedy_match"] = s.pop("tokens") == base["tokens"]
+            s["greedy_match"] = s.pop("tokens") == plain_tokens
             log(f"{dtype} {name}: {s['ms_per_step']:.1f} ms/step ({s['vs_plain_step']:.2f}x plain), "
                 f"tau {s['tau']}, {s['tokens_per_s']:.1f} tok/s ({s['speedup']:.2f}x)")
-        base["greedy_match"] = True
         r["steps"] = steps
         r["breakdown"] = {name: _trace_scopes(g, max_new) for name, g in engines.items()}
         log(f"{dtype} breakdown (ms/step): {json.dumps(r['breakdown'])}")

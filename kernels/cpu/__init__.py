@@ -272,10 +272,3 @@ def cache_compact(k_cache, v_cache, lengths, src, n):
     shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
     return jax.ffi.ffi_call("eagle_cache_compact", (shape, shape), input_output_aliases={0: 0, 1: 1})(
         k_cache, v_cache, lengths.astype(jnp.int32), src.astype(jnp.int32), n.astype(jnp.int32))
-
-
-if __name__ == "__main__":  # `python -m eagle_jax.kernels.cpu`: build now, report
-    try:
-        print(f"native CPU kernels: {build()}")
-    except NativeKernelError as e:
-        print(f"native CPU kernels not built: {e}")

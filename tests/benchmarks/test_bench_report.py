@@ -125,3 +125,28 @@ def test_render_with_no_results(tmp_path):
     docs = tmp_path / "benchmarks.md"
     report.render(results_dir=str(tmp_path), docs_path=str(docs))
     assert "No results yet." in docs.read_text()
+
+
+def test_step_cost_section(tmp_path):
+    rd = tmp_path / "results"
+    rd.mkdir()
+    fwd = {str(m): {"ms": 10.0 + m, "vs_m1": (10.0 + m) / 11.0, "vs_floor": (10.0 + m) / 7.0} for m in (1, 5, 16)}
+    step = lambda ms, ratio, tau, speed: {"ms_per_step": ms, "vs_plain_step": ratio, "tau": tau, "tokens_per_s": 90.0,
+                                          "speedup": speed, "greedy_match": True}
+    _write(rd / "step_cost-quick-1.json", {
+        "machine": MACHINE, "jax_version": "0.0", "command": "eagle-jax bench --suite step-cost --quick",
+        "suite": "step_cost", "mode": "quick", "date": "2026-01-01T00:00:00", "bandwidth_gbps": 40.0,
+        "settings": {"context": 256, "repeats": 9},
+        "dtypes": {"bfloat16": {"impl": "native", "weight_bytes": 270 * 2**20, "floor_ms": 7.0,
+                                "forward": {"1": fwd}, "long_context": {"context": 4096, "ms": 14.0, "vs_short": 1.27},
+                                "drafter": {"step_T1": 0.5, "weight_bytes": 2**20, "vs_target_m1": {"step_T1": 0.05}},
+                                "steps": {"plain": step(11.0, 1.0, None, 1.0), "tree": step(17.0, 1.55, 1.8, 1.16)},
+                                "breakdown": {"tree": {"target": 14.0, "draft": 1.0}},
+                                "batched": {"rows_1_tok_s": 90.0, "rows_16_tok_s": 800.0, "ratio": 8.9}}}})
+    docs = tmp_path / "benchmarks.md"
+    text = open(report.render(results_dir=str(rd), docs_path=str(docs))).read()
+    section = text.split("## Step cost", 1)[1]
+    assert "eagle-jax bench --suite step-cost --quick" in section
+    assert "| / M=1 | 1.00 | 1.36 | 2.36 |" in section
+    assert "| tree | 17.0 | 1.55 | 1.80 | 90.0 | 1.16 | yes | target 14.0, draft 1.0 |" in section
+    assert "(8.9x)" in section and "forward-cost.png" in section
