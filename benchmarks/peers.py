@@ -5,10 +5,11 @@
   greedy decoding; ``transformers-pld``: the same with prompt-lookup decoding
   (``prompt_lookup_num_tokens=10``).
 * ``llama.cpp-*`` (only when ``llama-cpp-python`` is importable; it is an
-  optional extra): the same GGUF run by llama.cpp, at F32 (a copy written
-  once with ``llama_cpp.llama_model_quantize``, ``LLAMA_FTYPE_ALL_F32``,
-  ``allow_requantize``, cached under ``$EAGLE_JAX_CACHE/peers``) and natively
-  at Q4_1, each plain and with ``LlamaPromptLookupDecoding(num_pred_tokens=10)``.
+  optional extra): the same GGUF run by llama.cpp, at F32 and F16 (copies
+  written once with ``llama_cpp.llama_model_quantize``, ``LLAMA_FTYPE_ALL_F32``
+  / ``LLAMA_FTYPE_MOSTLY_F16``, ``allow_requantize``, cached under
+  ``$EAGLE_JAX_CACHE/peers``; F16 is the peer of eagle-jax bfloat16) and
+  natively at Q4_1, each plain and with ``LlamaPromptLookupDecoding(num_pred_tokens=10)``.
 
 Every peer takes the prompt as the token ids eagle-jax encoded (same chat
 template, same tokenizer), decodes greedily at batch 1, stops at the same end
@@ -152,26 +153,27 @@ def llama_cpp_status() -> dict:
     return {"available": True, "version": getattr(llama_cpp, "__version__", None)}
 
 
-def f32_gguf(src: str, out_dir: str | None = None) -> str:
-    """An F32 copy of `src` (requantised by llama.cpp), written once and cached."""
+def requantized_gguf(src: str, precision: str, out_dir: str | None = None) -> str:
+    """An F32 or F16 copy of `src` (requantised by llama.cpp), written once and cached."""
     import llama_cpp
 
+    ftype = {"F32": llama_cpp.LLAMA_FTYPE_ALL_F32, "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}[precision]
     st = os.stat(src)
     base = os.path.splitext(os.path.basename(src))[0]
     base = base.rsplit(".", 1)[0] if base.upper().endswith(("Q4_1", "Q4_0", "Q8_0", "F16")) else base
-    out = os.path.join(out_dir or peer_cache_dir(), f"{base}.F32-{st.st_size}-{st.st_mtime_ns}.gguf")
+    out = os.path.join(out_dir or peer_cache_dir(), f"{base}.{precision}-{st.st_size}-{st.st_mtime_ns}.gguf")
     if os.path.isfile(out):
         return out
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.ftype = ftype
     params.allow_requantize = True
     params.nthread = _threads()
     tmp = out + ".tmp"
     with _quiet_fds():  # llama.cpp logs every tensor on the C stdout
         rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0 or not os.path.isfile(tmp):
-        raise RuntimeError(f"llama_model_quantize({src} -> F32) returned {rc}")
+        raise RuntimeError(f"llama_model_quantize({src} -> {precision}) returned {rc}")
     os.replace(tmp, out)
     return out
 
@@ -301,10 +303,10 @@ def build_peers(gguf_path: str, eos_ids, *, which=("transformers", "transformers
         if st["available"]:
             try:
                 t0 = time.perf_counter()
-                f32 = f32_gguf(gguf_path)
-                st["f32_gguf"] = f32
-                st["f32_convert_or_lookup_s"] = time.perf_counter() - t0
-                for precision, path in (("F32", f32), ("Q4_1", gguf_path)):
+                copies = {p: requantized_gguf(gguf_path, p) for p in ("F32", "F16")}
+                st["requantized_gguf"] = copies
+                st["convert_or_lookup_s"] = time.perf_counter() - t0
+                for precision, path in (*copies.items(), ("Q4_1", gguf_path)):
                     for pld in (None, PLD_TOKENS):
                         name = f"llama.cpp-{precision.lower()}" + ("-pld" if pld else "")
                         engines[name] = LlamaCppEngine(name, path, eos_ids, precision=precision,

@@ -44,21 +44,12 @@ class KVCache:
     def write(self, k_new: jax.Array, v_new: jax.Array, *, impl: str = "auto") -> "KVCache":
         """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t.
 
-        With the native CPU kernels (`impl`) the slots are copied in place;
-        otherwise an XLA scatter (which XLA:CPU runs in f32 for bf16 caches)."""
-        if resolve_impl(impl) == "native":
-            k, v = cpu.cache_write(self.k, self.v, self.lengths, k_new, v_new)
-            return self.replace(k=k, v=v)
-        t = k_new.shape[2]
-        slots = write_slots(self.lengths, t)[:, None, :]  # [B, 1, T]
-        rows = jnp.arange(self.batch)[:, None, None]
-        heads = jnp.arange(self.k.shape[2])[None, :, None]
-
-        def put(buf, new):  # new -> [L, B, Hkv, T, D]
-            return buf.at[:, rows, heads, slots].set(new.transpose(0, 1, 3, 2, 4).astype(buf.dtype),
-                                                     mode="drop")
-
-        return self.replace(k=put(self.k, k_new), v=put(self.v, v_new))
+        With the native CPU kernels (`impl`) the slots are copied in place
+        (differentiated as the XLA write); otherwise an XLA scatter (which
+        XLA:CPU runs in f32 for bf16 caches)."""
+        write = _native_write if resolve_impl(impl) == "native" else _scatter_write
+        k, v = write(self.k, self.v, self.lengths, k_new, v_new)
+        return self.replace(k=k, v=v)
 
     def commit(self, n: jax.Array) -> "KVCache":
         """Advance each row's length by n [B] (the first n written slots become context)."""
@@ -87,6 +78,37 @@ class KVCache:
             return buf.at[:, rows, heads, dst_slot].set(picked, mode="drop")
 
         return self.replace(k=move(self.k), v=move(self.v)).commit(n)
+
+
+def _scatter_write(k, v, lengths, k_new, v_new):
+    """KVCache.write as an XLA scatter: k/v [L, B, Hkv, S, D], new [L, B, T, Hkv, D]."""
+    slots = write_slots(lengths, k_new.shape[2])[:, None, :]  # [B, 1, T]
+    rows = jnp.arange(k.shape[1])[:, None, None]
+    heads = jnp.arange(k.shape[2])[None, :, None]
+
+    def put(buf, new):  # new -> [L, B, Hkv, T, D]
+        return buf.at[:, rows, heads, slots].set(new.transpose(0, 1, 3, 2, 4).astype(buf.dtype), mode="drop")
+
+    return put(k, k_new), put(v, v_new)
+
+
+@jax.custom_vjp
+def _native_write(k, v, lengths, k_new, v_new):
+    return cpu.cache_write(k, v, lengths, k_new, v_new)
+
+
+def _native_write_fwd(k, v, lengths, k_new, v_new):
+    return cpu.cache_write(k, v, lengths, k_new, v_new), (k, v, lengths, k_new, v_new)
+
+
+def _native_write_bwd(res, g):
+    k, v, lengths, k_new, v_new = res
+    _, vjp = jax.vjp(lambda k, v, kn, vn: _scatter_write(k, v, lengths, kn, vn), k, v, k_new, v_new)
+    dk, dv, dkn, dvn = vjp(g)
+    return dk, dv, None, dkn, dvn
+
+
+_native_write.defvjp(_native_write_fwd, _native_write_bwd)
 
 
 def write_slots(lengths: jax.Array, t: int) -> jax.Array:

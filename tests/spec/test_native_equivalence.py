@@ -67,7 +67,7 @@ def test_smollm2_bundled_drafter_native(dtype):
     plain = Generator.load("smollm2-135m-instruct", draft=None, dtype=dtype, impl="native")
     ref = plain.generate(texts, max_new_tokens=40)
     prompt_ids = plain.encode_prompts(texts)
-    for spec in (CHAIN, SpecConfig()):
+    for spec in (CHAIN, SpecConfig("tree")):
         gen = Generator.load("smollm2-135m-instruct", draft="default", dtype=dtype, spec=spec, impl="native")
         out = gen.generate(texts, max_new_tokens=40)
         assert out.stats["accepted_tokens"] > 0
