@@ -196,8 +196,8 @@ def _trace_scopes(gen, max_new: int) -> dict:
             first = m.group(2).split("/while/body/", 1)[1].split("/")[0]
             scope_of[m.group(1)] = first if first in SCOPES else "other"
     total = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and e.get("name") in scope_of:
+    for e in events:  # op names repeat across executables: keep the loop's own
+        if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == "jit_run" and e.get("name") in scope_of:
             total[scope_of[e["name"]]] += e["dur"]
     return {k: v / 1e3 / max(steps, 1) for k, v in sorted(total.items())}
 
