@@ -239,7 +239,9 @@ def run(dtypes=("bfloat16", "float32"), *, quick: bool = False, target: str = "s
     result["dtypes"] = {}
     for dtype in dtypes:
         plain = Generator.load(target, draft=None, dtype=dtype)
-        r = {"impl": plain.impl, "weight_bytes": weight_bytes(plain.target_params)}
+        from eagle_jax.kernels import resolve_impl
+
+        r = {"impl": resolve_impl(plain.impl), "weight_bytes": weight_bytes(plain.target_params)}
         floor_ms = r["weight_bytes"] / (bw * 1e9) * 1e3
         r["floor_ms"] = floor_ms
         r["forward"] = {}
