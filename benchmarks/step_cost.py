@@ -184,9 +184,10 @@ def _trace_scopes(gen, max_new: int) -> dict:
         events = json.load(gzip.open(files[0]))["traceEvents"]
     steps = r.stats.get("num_verify_steps") or (r.num_generated - 1)
     # Op names -> scope, from the compiled loop's HLO metadata.
+    from eagle_jax.config import SamplingConfig
     from eagle_jax.spec import loop
 
-    ids, lc, args, static, _ = gen._prepare([PROMPT], max_new, gen_sampling(), 0, True, ())
+    ids, lc, args, static, _ = gen._prepare([PROMPT], max_new, SamplingConfig(), 0, True, ())
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
     scope_of = {}
@@ -200,12 +201,6 @@ def _trace_scopes(gen, max_new: int) -> dict:
         if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == "jit_run" and e.get("name") in scope_of:
             total[scope_of[e["name"]]] += e["dur"]
     return {k: v / 1e3 / max(steps, 1) for k, v in sorted(total.items())}
-
-
-def gen_sampling():
-    from eagle_jax.config import SamplingConfig
-
-    return SamplingConfig()
 
 
 def batched_throughput(gen, rows: int, max_new: int, repeats: int) -> float:

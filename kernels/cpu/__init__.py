@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -78,8 +79,7 @@ def library_path() -> Path:
     """Where the compiled library for this source, compiler and CPU lives."""
     cxx = _compiler() or "none"
     key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, " ".join(_FLAGS), jax.__version__,
-                                    jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
-                                    _cpu_id()]).encode()).hexdigest()[:16]
+                                    importlib.metadata.version("jaxlib"), _cpu_id()]).encode()).hexdigest()[:16]
     root = Path(os.environ.get("EAGLE_JAX_CACHE") or Path.home() / ".cache" / "eagle_jax")
     return root / "native" / key / "libeagle_cpu.so"
 

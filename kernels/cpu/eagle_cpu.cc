@@ -4,13 +4,15 @@
 // KV cache). XLA:CPU runs a single row through its own GEMV but sends 2..32
 // rows to a library GEMM that repacks the weight on every call, so verifying
 // k+1 draft tokens costs 1.6-3x a plain step. These kernels stream each weight
-// once for all rows of a call, straight from its stored layout:
+// once for all rows of a call, from a layout packed once at load time:
 //
-//   eagle_matmul     y[M, N] (f32) = x[M, K] (f32) @ W, W f32 or bf16, stored
-//                    [K, N] ("kn") or [N, K] ("nk", e.g. a tied embedding).
+//   eagle_matmul     y[M, N] (f32 or bf16) = x[M, K] @ W, x and W both f32 or
+//                    both bf16, W packed by eagle_jax.kernels.cpu.pack_weight;
+//                    eagle_matmul_into: the same into a preset (test) buffer.
 //   eagle_attention  grouped-query attention of T new tokens over the
 //                    committed slots of one layer of the KV cache, plus the T
-//                    new keys under a [T, T] mask; reads only the live slots.
+//                    new keys under a [T, T] mask; reads only the live slots
+//                    and stores the new K/V of that layer in place.
 //   eagle_cache_write, eagle_cache_compact
 //                    the cache's slot writes, in place.
 //
