@@ -16,6 +16,13 @@ committed record. A torn last line of the working file (a job killed or
 paused mid-write) is ignored. The new file is written beside the old one and
 renamed over it, so a killed merge leaves the committed file intact.
 
+`--merge-info JSON` records how the merged records were made (e.g. the
+regeneration job's `dtype` and `command`) in that merge's entry of the
+provenance. Merge entries carry their `dtype` (entries from before
+per-merge dtypes inherit the top-level one); the top-level `dtype` (and
+`flags.dtype`) is the one dtype all merges share, or "mixed" with `dtypes`
+counting the conversations merged at each.
+
 Readers (`iter_jsonl`, `read_ids`, train/cli.py `read_conversations`) take
 `.jsonl` and `.jsonl.gz` alike (standard-library gzip, multi-member files
 included). Regeneration resumes from the committed ids with
@@ -179,6 +186,7 @@ def _add_counts(a: dict, b: dict) -> dict:
 
 def merge(working: str | os.PathLike | Iterable[str | os.PathLike], committed: str | os.PathLike, *,
           provenance: str | os.PathLike | None = None, info: dict | None = None,
+          merge_info: dict | None = None,
           heldout: Callable[[str], bool] | None = None,
           count_tokens: Callable[[list[str]], int] | None = None, dry_run: bool = False) -> dict:
     """Append the records of `working` (one path or several) whose id `committed`
@@ -187,7 +195,9 @@ def merge(working: str | os.PathLike | Iterable[str | os.PathLike], committed: s
 
     `info` updates the provenance's top-level keys (target, command, ...) on
     the first merge; later merges keep what is there and only fill in missing
-    keys. `heldout(id)` and `count_tokens(texts)` (optional) add held-out and
+    keys. `merge_info` (how these records were made: dtype, command, ...) goes
+    into this merge's entry (see the module docstring for dtypes).
+    `heldout(id)` and `count_tokens(texts)` (optional) add held-out and
     answer-token counts. Returns the merge's counts.
     """
     committed = Path(committed)
@@ -268,15 +278,39 @@ def merge(working: str | os.PathLike | Iterable[str | os.PathLike], committed: s
         prov["ids"] = ids
         entry = {"date": now, "added": len(new_recs), "conversations_after": n_committed + len(new_recs),
                  "from": [os.fspath(w) for w in working], "git_head": _git_head(),
-                 **{k: added[k] for k in ("answer_tokens",) if k in added}}
+                 **{k: added[k] for k in ("answer_tokens",) if k in added}, **(merge_info or {})}
         if new_recs:
             prov.setdefault("merges", []).append(entry)
+            _summarise_dtypes(prov)
         prov_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = prov_path.with_name(prov_path.name + ".tmp")
         tmp.write_text(json.dumps(prov, indent=2, ensure_ascii=False) + "\n")
         os.replace(tmp, prov_path)
     result["provenance"] = os.fspath(prov_path)
     return result
+
+
+MIXED = "mixed (see dtypes and merges[].dtype)"
+
+
+def _summarise_dtypes(prov: dict) -> None:
+    """Give every merge entry a dtype (older ones: the single top-level dtype they were made with),
+    then set the top-level ``dtype`` / ``flags.dtype`` to the common one or MIXED, and ``dtypes``."""
+    merges = prov.get("merges", [])
+    legacy = prov.get("dtype") if prov.get("dtype") != MIXED else None
+    for m in merges:
+        if "dtype" not in m and legacy is not None:
+            m["dtype"] = legacy
+    counts: dict = {}
+    for m in merges:
+        if "dtype" in m:
+            counts[m["dtype"]] = counts.get(m["dtype"], 0) + int(m.get("added", 0))
+    if not counts:
+        return
+    prov["dtype"] = next(iter(counts)) if len(counts) == 1 else MIXED
+    prov["dtypes"] = counts
+    if isinstance(prov.get("flags"), dict) and "dtype" in prov["flags"]:
+        prov["flags"]["dtype"] = prov["dtype"]
 
 
 def _token_counter(target: str) -> Callable[[list[str]], int]:
@@ -315,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("committed", help="the committed .jsonl.gz (created if missing)")
     m.add_argument("--provenance", help="provenance JSON (default: <name>.provenance.json beside it)")
     m.add_argument("--info", help="JSON object of provenance keys to set when missing (target, command, ...)")
+    m.add_argument("--merge-info", help="JSON object recorded in this merge's entry: how its records were made "
+                                        "(e.g. '{\"dtype\": \"bfloat16\", \"command\": \"eagle-jax regenerate ...\"}')")
     m.add_argument("--heldout-fraction", type=float, default=0.02, help="for the held-out count")
     m.add_argument("--target", default=None,
                    help="tokenizer for the answer-token count (default: the provenance's target)")
@@ -329,11 +365,14 @@ def main(argv: list[str] | None = None) -> int:
     from eagle_jax.train.data import is_heldout
 
     info = json.loads(args.info) if args.info else {}
+    merge_info = json.loads(args.merge_info) if args.merge_info else None
+    if merge_info is not None and not isinstance(merge_info, dict):
+        p.error(f"--merge-info must be a JSON object, got {args.merge_info!r}")
     prov = Path(args.provenance) if args.provenance else provenance_path(args.committed)
     target = args.target or info.get("target") or (
         json.loads(prov.read_text()).get("target") if prov.is_file() else None) or "smollm2-135m-instruct"
     counter = None if args.no_tokens else _token_counter(target)
-    res = merge(args.working, args.committed, provenance=prov, info=info,
+    res = merge(args.working, args.committed, provenance=prov, info=info, merge_info=merge_info,
                 heldout=lambda i: is_heldout(i, args.heldout_fraction), count_tokens=counter,
                 dry_run=args.dry_run)
     print(json.dumps(res, indent=2))

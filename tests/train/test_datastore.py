@@ -124,3 +124,31 @@ def test_cli_merge_and_stats(tmp_path, capsys):
     st = json.loads(capsys.readouterr().out)
     assert st["conversations"] == 2 and st["duplicate_ids"] == 0 and not st["torn_tail"]
     assert json.loads((tmp_path / "c.provenance.json").read_text())["dtype"] == "float32"
+
+
+def test_merge_info_makes_dtype_per_merge(tmp_path, capsys):
+    """--merge-info lands in its merge's entry; a second dtype turns the top-level dtype into 'mixed'."""
+    work, gz = tmp_path / "w.jsonl", tmp_path / "c.jsonl.gz"
+    prov_path = tmp_path / "c.provenance.json"
+    _write(work, [_rec("a_0"), _rec("b_0")])
+    info = '{"dtype": "float32", "flags": {"dtype": "float32", "batch_size": 16}}'
+    assert datastore.main(["merge", str(work), str(gz), "--no-tokens", "--info", info]) == 0
+    legacy = json.loads(prov_path.read_text())
+    legacy["merges"][0].pop("dtype")  # as written before per-merge dtypes existed
+    legacy.pop("dtypes")
+    prov_path.write_text(json.dumps(legacy))
+    _write(work, [_rec("c_0"), _rec("d_0"), _rec("e_0")])
+    cmd = "eagle-jax regenerate --dtype bfloat16"
+    assert datastore.main(["merge", str(work), str(gz), "--no-tokens", "--merge-info",
+                           json.dumps({"dtype": "bfloat16", "command": cmd})]) == 0
+    prov = json.loads(prov_path.read_text())
+    # the reference: what each merge added, written out by hand
+    assert [(m["added"], m["dtype"]) for m in prov["merges"]] == [(2, "float32"), (3, "bfloat16")]
+    assert prov["merges"][1]["command"] == cmd and "command" not in prov["merges"][0]
+    assert prov["dtype"] == prov["flags"]["dtype"] == datastore.MIXED
+    assert prov["dtypes"] == {"float32": 2, "bfloat16": 3}
+    assert prov["flags"]["batch_size"] == 16 and prov["counts"]["conversations"] == 5
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        datastore.main(["merge", str(work), str(gz), "--no-tokens", "--merge-info", "[1]"])
+    assert "--merge-info must be a JSON object" in capsys.readouterr().err
