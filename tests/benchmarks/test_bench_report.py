@@ -150,3 +150,27 @@ def test_step_cost_section(tmp_path):
     assert "| / M=1 | 1.00 | 1.36 | 2.36 |" in section
     assert "| tree | 17.0 | 1.55 | 1.80 | 90.0 | 1.16 | yes | target 14.0, draft 1.0 |" in section
     assert "(8.9x)" in section and "forward-cost.png" in section
+
+
+def test_learning_curve_section(tmp_path):
+    from eagle_jax.benchmarks import learning_curve as lc
+
+    rd = tmp_path / "results"
+    acc = lambda tau: {"tau": tau, "per_position": [0.2], "verify_steps": 10, "accepted": 2, "prompts": 1}
+    for positions, tau in ((1000, 1.25), (3000, 1.5)):
+        lc.append_point({
+            "schema": 1, "date": "2026-01-01T00:00:00", "label": f"run{positions}", "variant": "eagle3.1",
+            "drafter": "d", "machine": "Test CPU", "setting": {"dtype": "float32", "batch_size": 1,
+                                                                "max_new_tokens": 64},
+            "training": {"token_positions": positions, "token_positions_source": "test", "data": [],
+                         "settings": {}, "steps": 3},
+            "heldout_set": {"file": "h.jsonl.gz", "sha1": "abc", "answers": ["a"], "humaneval": ["h"],
+                            "sharegpt": ["s"]},
+            "teacher_forced": {"strict": [0.25, 0.125], "in_vocab": [0.3, 0.2]},
+            "tau": {e: {n: acc(tau) for n in ("humaneval", "sharegpt", "all")} for e in lc.ENGINES}},
+            rd / "learning_curve.jsonl")
+    docs = tmp_path / "benchmarks.md"
+    section = open(report.render(results_dir=str(rd), docs_path=str(docs))).read().split("## Learning curve", 1)[1]
+    assert "| 2026-01-01 | run3000 | eagle3.1 | 3000 | 3 | 0.250 / 0.125 | 1.50 / 1.50 / 1.50 |" in section
+    assert "1 humaneval + 1 sharegpt prompts" in section
+    assert "(results/learning_curve.png)" in section and (rd / "learning_curve.png").is_file()
