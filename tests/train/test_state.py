@@ -121,3 +121,12 @@ def test_state_errors(setup, tmp_path):
         TrainConfig(init_from="a", resume_from="b").validate()
     with pytest.raises(ConfigError, match="need export"):
         TrainConfig(export=False, learning_curve=True).validate()
+    import argparse
+
+    from eagle_jax.train import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    cfg = cli.load_config(parser.parse_args(["--resume-from", "train/state/eagle3.1", "--export-state", "out",
+                                             "--learning-curve"]))
+    assert (cfg.resume_from, cfg.export_state, cfg.learning_curve) == ("train/state/eagle3.1", "out", True)
