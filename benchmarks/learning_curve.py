@@ -44,7 +44,7 @@ from eagle_jax.config import SpecConfig
 
 __all__ = ["HELDOUT_SET", "CURVE_FILE", "ENGINES", "make_heldout_set", "write_heldout_set",
            "read_heldout_set", "measure_tau", "measure", "make_point", "validate_point", "append_point",
-           "read_curve", "run_point", "main"]
+           "read_curve", "run_point", "summary_line", "main"]
 
 HELDOUT_SET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts", "learning-curve-heldout.jsonl.gz")
 CURVE_FILE = os.path.join(RESULTS_DIR, "learning_curve.jsonl")
