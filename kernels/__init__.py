@@ -13,9 +13,10 @@ from eagle_jax.kernels.fused_norm_matmul import (
     fold_norm_into_weight,
     fused_norm_matmul,
     matmul,
+    norm_swiglu,
     resolve_impl,
     rms_norm_matmul_reference,
 )
 
 __all__ = ["FoldedWeight", "PackedWeight", "fold_norm_into_weight", "fused_norm_matmul", "matmul",
-           "pack_weight", "resolve_impl", "rms_norm_matmul_reference"]
+           "norm_swiglu", "pack_weight", "resolve_impl", "rms_norm_matmul_reference"]

@@ -96,20 +96,39 @@ def _add_bias(y, bias):
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
-def matmul(x, w, bias=None, *, out_dtype=None):
+def matmul(x, w, bias=None, *, out_dtype=None, residual=None):
     """x [..., K] @ w (+ bias) with f32 accumulation, result in out_dtype
-    (default x.dtype), rounded once.
+    (default x.dtype), rounded once; with `residual` [..., N] (in out_dtype),
+    ``residual + that`` (a decoder layer's ``h + o_proj(attn)``).
 
     w is a [K, N] array (XLA dot, w cast to x.dtype) or a `PackedWeight`
-    (the native CPU kernel)."""
+    (the native CPU kernel, the residual add inside it)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if isinstance(w, PackedWeight) and bias is None and (residual is None or residual.dtype == out_dtype):
+        return cpu.matmul(x, w, out_dtype=out_dtype, residual=residual)
     if isinstance(w, PackedWeight):
-        if bias is None:
-            return cpu.matmul(x, w, out_dtype=out_dtype)
         y = cpu.matmul(x, w)
     else:
         y = jnp.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    return _add_bias(y, bias).astype(out_dtype)
+    y = _add_bias(y, bias).astype(out_dtype)
+    return y if residual is None else residual + y
+
+
+def norm_swiglu(x, norm_weights, w_gate_up, *, eps, impl="auto"):
+    """silu(gate) * up of rms_norm(x) @ [gate | up]: [..., K] -> [..., N/2] in x.dtype.
+
+    On a `PackedWeight` whose halves tile evenly, one native call does the
+    norm, both projections and the product."""
+    if isinstance(w_gate_up, PackedWeight) and _native_fuses(x, w_gate_up, None) and cpu.fuses_swiglu(w_gate_up):
+        return cpu.matmul(x, w_gate_up, x.dtype, norm_weight=norm_weights, eps=eps, swiglu=True)
+    gu = fused_norm_matmul(x, norm_weights, w_gate_up, eps=eps, impl=impl)
+    f = gu.shape[-1] // 2
+    return jax.nn.silu(gu[..., :f]) * gu[..., f:]
+
+
+def _native_fuses(x, w: PackedWeight, bias) -> bool:
+    """Whether the native kernel can take this norm + projection in one call."""
+    return bias is None and jnp.dtype(x.dtype) == jnp.dtype(w.dtype) and cpu.fuses_norm(w)
 
 
 # ---------------------------------------------------------------------------
@@ -330,6 +349,9 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     impl = resolve_impl(impl)
 
     if isinstance(w, PackedWeight):
+        if norm_weights is not None and _native_fuses(x, w, bias):
+            return cpu.matmul(x, w, x.dtype if out_dtype is None else out_dtype,
+                              norm_weight=norm_weights.reshape(k), eps=eps, segments=segments)
         normed = x if norm_weights is None else _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
         return matmul(normed, w, bias, out_dtype=out_dtype)
     if impl in ("xla", "native"):

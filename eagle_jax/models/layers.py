@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from eagle_jax.kernels import fused_norm_matmul, matmul
+from eagle_jax.kernels import matmul, norm_swiglu
 from eagle_jax.nn import apply_rope, rms_norm
 
 
@@ -28,8 +27,6 @@ def rotate_qk(q, k, cos, sin, *, q_norm=None, k_norm=None, eps=1e-6):
 
 
 def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, impl="auto"):
-    """down(silu(gate(n)) * up(n)) with n = rms_norm(h); the norm is fused into gate/up."""
-    gu = fused_norm_matmul(h, norm_w, w_gate_up, eps=eps, impl=impl)
-    f = gu.shape[-1] // 2
-    gate, up = gu[..., :f], gu[..., f:]
-    return matmul(jax.nn.silu(gate) * up, w_down)
+    """h + down(silu(gate(n)) * up(n)) with n = rms_norm(h): the MLP block with
+    its residual; the norm is fused into gate/up, the residual add into down."""
+    return matmul(norm_swiglu(h, norm_w, w_gate_up, eps=eps, impl=impl), w_down, residual=h)

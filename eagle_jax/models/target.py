@@ -93,8 +93,8 @@ def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     q, k = rotate_qk(q, k, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
     attn, cache = _attend(q, k, v, cache, i, new_mask, native)
-    h = h + matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"))
-    h = h + swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
+    h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h)
+    h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
     return h, k, v, cache
 
 

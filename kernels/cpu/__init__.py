@@ -195,25 +195,67 @@ def pack_weight(w) -> PackedWeight:
     return PackedWeight(jnp.asarray(np.ascontiguousarray(data)), k, n)
 
 
-def matmul(x, pw: PackedWeight, out_dtype=jnp.float32) -> jax.Array:
+EPILOGUES = {"plain": 0, "residual": 1, "swiglu": 2}  # eagle_cpu.cc Epilogue
+
+
+def fuses_norm(pw: PackedWeight) -> bool:
+    """Whether `matmul(..., norm_weight=)` takes this weight (bf16 pairs need an even K)."""
+    return pw.data.ndim == 3 or pw.k % 2 == 0
+
+
+def fuses_swiglu(pw: PackedWeight) -> bool:
+    """Whether `matmul(..., swiglu=True)` takes this [gate | up] weight."""
+    return pw.n % (2 * COLS) == 0
+
+
+def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps: float = 0.0,
+           segments: int = 1, residual=None, swiglu: bool = False) -> jax.Array:
     """x [..., K] @ W -> [..., N] in out_dtype (float32 or bfloat16, rounded
-    once from the f32 accumulator), W packed by `pack_weight`."""
+    once from the f32 accumulator), W packed by `pack_weight`; x is cast to
+    the weight's dtype.
+
+    norm_weight [K]: RMSNorm x first (each of `segments` equal parts of K
+    on its own), as the XLA path does in the weight's dtype (f32 statistics;
+    the normalised x and its product with the gain each rounded). residual [..., N]: return residual + y, y rounded first
+    (`h + x @ W`). swiglu: W is [gate | up] with N/2 a multiple of 64;
+    returns silu(gate) * up, [..., N/2], each factor rounded first.
+    """
     require()
     if x.shape[-1] != pw.k:
         raise ValueError(f"x has K={x.shape[-1]}, the packed weight K={pw.k}")
+    if swiglu and (residual is not None or not fuses_swiglu(pw)):
+        raise ValueError(f"swiglu takes no residual and needs N/2 a multiple of {COLS}, got N={pw.n}")
+    n_out = pw.n // 2 if swiglu else pw.n
     lead = x.shape[:-1]
     x2 = x.reshape(-1, pw.k).astype(pw.dtype)
+    gamma = jnp.zeros((0,), pw.dtype)
+    if norm_weight is not None:
+        if not fuses_norm(pw):
+            raise ValueError(f"the fused RMSNorm needs an even K for bfloat16 weights, got K={pw.k}")
+        if norm_weight.shape != (pw.k,) or pw.k % segments:
+            raise ValueError(f"norm_weight must be [K={pw.k}] with K a multiple of segments={segments}, "
+                             f"got shape {norm_weight.shape}")
+        gamma = norm_weight.astype(pw.dtype)
     if pw.data.ndim == 4 and pw.k % 2:
         x2 = jnp.pad(x2, ((0, 0), (0, 1)))
+    res = jnp.zeros((0,), out_dtype)
+    if residual is not None:
+        if residual.shape != (*lead, n_out):
+            raise ValueError(f"residual must be {(*lead, n_out)}, got {residual.shape}")
+        res = residual.reshape(-1, n_out).astype(out_dtype)
     if x2.shape[0] == 0:
-        return jnp.zeros((*lead, pw.n), out_dtype)
-    out = jax.ShapeDtypeStruct((x2.shape[0], pw.n), out_dtype)
+        return jnp.zeros((*lead, n_out), out_dtype)
+    out = jax.ShapeDtypeStruct((x2.shape[0], n_out), out_dtype)
+    epilogue = "swiglu" if swiglu else "plain" if residual is None else "residual"
+    attrs = {"eps": np.float32(eps), "epilogue": np.int32(EPILOGUES[epilogue]),
+             "segments": np.int32(segments)}
     if _POISON_OUTPUT is None:
-        y = jax.ffi.ffi_call("eagle_matmul", out)(x2, pw.data)
+        y = jax.ffi.ffi_call("eagle_matmul", out)(x2, pw.data, gamma, res, **attrs)
     else:
         preset = jnp.full(out.shape, _POISON_OUTPUT, out_dtype)
-        y = jax.ffi.ffi_call("eagle_matmul_into", out, input_output_aliases={2: 0})(x2, pw.data, preset)
-    return y.reshape(*lead, pw.n)
+        y = jax.ffi.ffi_call("eagle_matmul_into", out, input_output_aliases={4: 0})(
+            x2, pw.data, gamma, res, preset, **attrs)
+    return y.reshape(*lead, n_out)
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,10 @@
 //
 //   eagle_matmul     y[M, N] (f32 or bf16) = x[M, K] @ W, x and W both f32 or
 //                    both bf16, W packed by eagle_jax.kernels.cpu.pack_weight;
-//                    eagle_matmul_into: the same into a preset (test) buffer.
+//                    optionally an RMSNorm of x first and a residual add or
+//                    SwiGLU after, so a decoder layer's elementwise work runs
+//                    inside its projections; eagle_matmul_into: the same into
+//                    a preset (test) buffer.
 //   eagle_attention  grouped-query attention of T new tokens over the
 //                    committed slots of one layer of the KV cache, plus the T
 //                    new keys under a [T, T] mask; reads only the live slots
@@ -140,7 +143,7 @@ inline vf exp_nonpositive(vf x) {
 template <typename F>
 void parallel_for(ffi::ThreadPool& pool, int64_t n, F fn) {
   if (n <= 0) return;
-  int64_t workers = std::min<int64_t>(pool.num_threads(), n - 1);
+  int64_t workers = std::min<int64_t>(pool.num_threads() - 1, n - 1);
   if (workers <= 0) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
@@ -250,48 +253,139 @@ void tile(const X* x, const W* w, float* out, int64_t kx) {
   else tile_bf16<MT>(x, w, out, kx);
 }
 
-// y[:, tile t] for all M rows. kx: the row length of x in X units (K or K/2).
+// What a call does around the product, per output element (acc: the f32
+// accumulator; round(): to the output dtype, as a separate XLA op would):
+//   plain     y = round(acc)
+//   residual  y = round(round(acc) + res)            (h + x @ W)
+//   swiglu    y = round(silu(round(g)) * round(u))   with g, u the accumulators
+//             of column n and n + N/2 (W = [gate | up], N/2 a multiple of 64)
+enum Epilogue : int32_t { kPlain = 0, kResidual = 1, kSwiglu = 2 };
+
+inline vf round_as(vf v, const float*) { return v; }
+inline vf round_as(vf v, const uint16_t*) {  // to bf16 and back, nearest even
+  vu u;
+  std::memcpy(&u, &v, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+inline vf sigmoid(vf g) {
+  vf e = exp_nonpositive(g < 0 ? g : -g);  // exp(-|g|)
+  vf r = 1.0f / (1.0f + e);
+  return g < 0 ? e * r : r;
+}
+
+template <typename Y>
+struct Outputs {
+  Y* y;
+  const Y* res;  // kResidual: [M, N]
+  int64_t N;     // columns of y
+  Epilogue kind;
+};
+
+// The finished [rows, 64] block at column n0 (width valid columns): acc and,
+// for swiglu, the up-projection accumulators.
+template <typename Y>
+void finish(const Outputs<Y>& o, const float* acc, const float* up, int64_t m0, int64_t rows, int64_t n0,
+            int64_t width) {
+  const Y* tag = nullptr;
+  for (int64_t m = 0; m < rows; ++m) {
+    alignas(64) float v[kCols], r[kCols] = {};
+    if (o.kind == kResidual)
+      for (int64_t c = 0; c < width; ++c) r[c] = scalar(o.res[(m0 + m) * o.N + n0 + c]);
+    for (int j = 0; j < 4; ++j) {
+      vf a = round_as(load(acc + m * kCols + 16 * j), tag);
+      if (o.kind == kResidual) {
+        a = round_as(a + load(r + 16 * j), tag);
+      } else if (o.kind == kSwiglu) {
+        vf u = round_as(load(up + m * kCols + 16 * j), tag);
+        a = round_as(a * sigmoid(a) * u, tag);
+      }
+      store(v + 16 * j, a);
+    }
+    store_elem(o.y + (m0 + m) * o.N + n0, v, width);
+  }
+}
+
+template <typename X, typename W>
+void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx) {
+  switch (rows) {
+    case 1: tile<1>(x, w, out, kx); break;
+    case 2: tile<2>(x, w, out, kx); break;
+    case 3: tile<3>(x, w, out, kx); break;
+    case 4: tile<4>(x, w, out, kx); break;
+    case 5: tile<5>(x, w, out, kx); break;
+    default: tile<6>(x, w, out, kx); break;
+  }
+}
+
+// Output column tile t for all M rows. kx: the row length of x in X units (K
+// or K/2). For swiglu, tile t pairs weight tiles t (gate) and t + tiles (up).
 template <typename X, typename W, typename Y>
-void column_tile(const X* x, const W* w, Y* y, int64_t M, int64_t kx, int64_t N, int64_t t) {
-  const W* wt = w + t * kx * (std::is_same_v<W, float> ? 1 : 2) * kCols;
-  const int64_t n0 = t * kCols, width = std::min<int64_t>(kCols, N - n0);
-  float buf[kMaxRows * kCols];
+void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx, int64_t t,
+                 int64_t tiles) {
+  const int64_t tile_elems = kx * (std::is_same_v<W, float> ? 1 : 2) * kCols;
+  const W* wt = w + t * tile_elems;
+  const int64_t n0 = t * kCols, width = std::min<int64_t>(kCols, o.N - n0);
+  alignas(64) float buf[kMaxRows * kCols], up[kMaxRows * kCols];
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
     const X* xm = x + m0 * kx;
     const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
-    switch (rows) {
-      case 1: tile<1>(xm, wt, buf, kx); break;
-      case 2: tile<2>(xm, wt, buf, kx); break;
-      case 3: tile<3>(xm, wt, buf, kx); break;
-      case 4: tile<4>(xm, wt, buf, kx); break;
-      case 5: tile<5>(xm, wt, buf, kx); break;
-      default: tile<6>(xm, wt, buf, kx); break;
-    }
-    for (int64_t m = 0; m < rows; ++m) store_elem(y + (m0 + m) * N + n0, buf + m * kCols, width);
+    tile_rows(xm, wt, buf, rows, kx);
+    if (o.kind == kSwiglu) tile_rows(xm, wt + tiles * tile_elems, up, rows, kx);
+    finish(o, buf, up, m0, rows, n0, width);
   }
 }
 
 template <typename X, typename W, typename Y>
-void matmul(ffi::ThreadPool& pool, const X* x, const W* w, Y* y, int64_t M, int64_t kx, int64_t N) {
-  const int64_t tiles = (N + kCols - 1) / kCols;
+void matmul(ffi::ThreadPool& pool, const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx) {
+  const int64_t tiles = (o.N + kCols - 1) / kCols;
   // Several tiles per task, so that a task streams >= ~128 KiB of W.
-  const int64_t tile_bytes = kx * kCols * sizeof(X);
+  const int64_t tile_bytes = kx * kCols * sizeof(X) * (o.kind == kSwiglu ? 2 : 1);
   const int64_t per_task = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, tile_bytes));
   const int64_t tasks = (tiles + per_task - 1) / per_task;
   parallel_for(pool, tasks, [&](int64_t task) {
     for (int64_t t = task * per_task; t < std::min(tiles, (task + 1) * per_task); ++t)
-      column_tile(x, w, y, M, kx, N, t);
+      column_tile(x, w, o, M, kx, t, tiles);
   });
 }
 
-template <typename X, typename W>
-void matmul_to(ffi::ThreadPool& pool, const X* x, const W* w, ffi::Result<ffi::AnyBuffer>& y, int64_t M,
-               int64_t kx, int64_t N) {
-  if (y->element_type() == ffi::BF16) matmul(pool, x, w, static_cast<uint16_t*>(y->untyped_data()), M, kx, N);
-  else matmul(pool, x, w, static_cast<float*>(y->untyped_data()), M, kx, N);
+// RMSNorm of each segment of each row of x [M, K] (K = segments * ks) as the
+// XLA path computes it: f32 mean of squares (16-lane partial sums, the hsum
+// tree, then the tail in order), n = round(x * rsqrt(mean + eps)),
+// out = round(n * gamma), round() to x's dtype.
+template <typename E>
+void rms_norm_rows(const E* x, const E* gamma, E* out, int64_t M, int64_t K, int64_t segments, float eps) {
+  const E* tag = nullptr;
+  const int64_t ks = K / segments;
+  for (int64_t m = 0; m < M * segments; ++m) {
+    const E* row = x + m * ks;
+    const E* g = gamma + (m % segments) * ks;
+    vf acc{};
+    int64_t k = 0;
+    for (; k + kLanes <= ks; k += kLanes) {
+      vf v = load(row + k);
+      acc += v * v;
+    }
+    float ss = hsum(acc);
+    for (; k < ks; ++k) ss += scalar(row[k]) * scalar(row[k]);
+    const float r = 1.0f / std::sqrt(ss / float(ks) + eps);
+    for (int64_t c = 0; c < ks; c += kLanes) {
+      alignas(64) float xs[kLanes] = {}, gs[kLanes] = {};
+      const int64_t n = std::min<int64_t>(kLanes, ks - c);
+      for (int64_t i = 0; i < n; ++i) xs[i] = scalar(row[c + i]), gs[i] = scalar(g[c + i]);
+      vf v = round_as(round_as(load(xs) * r, tag) * load(gs), tag);
+      store(xs, v);
+      store_elem(out + m * ks + c, xs, n);
+    }
+  }
 }
 
-ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
+// x [M, K], w packed, gamma [K] or empty (no norm), res [M, N] or empty; y [M, N].
+ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer gamma,
+                      ffi::AnyBuffer res, ffi::Result<ffi::AnyBuffer> y, float eps, int32_t epilogue,
+                      int32_t segments) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
@@ -299,31 +393,55 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, 
     return ffi::Error::InvalidArgument("eagle_matmul: x must be [M, K] and y [M, N]");
   if (y->element_type() != ffi::F32 && y->element_type() != ffi::BF16)
     return ffi::Error::InvalidArgument("eagle_matmul: y must be float32 or bfloat16");
-  const int64_t M = xd[0], N = yd[1], tiles = (N + kCols - 1) / kCols;
-  if (x.element_type() == ffi::F32 && w.element_type() == ffi::F32) {
-    const int64_t K = xd[1];
-    if (wd.size() != 3 || wd[0] != tiles || wd[1] != K || wd[2] != kCols)
-      return ffi::Error::InvalidArgument("eagle_matmul: f32 w must be packed [ceil(N/64), K, 64]");
-    matmul_to(pool, static_cast<const float*>(x.untyped_data()), static_cast<const float*>(w.untyped_data()),
-              y, M, K, N);
-  } else if (x.element_type() == ffi::BF16 && w.element_type() == ffi::BF16) {
-    if (xd[1] % 2) return ffi::Error::InvalidArgument("eagle_matmul: bf16 x needs an even K");
-    const int64_t K2 = xd[1] / 2;
-    if (wd.size() != 4 || wd[0] != tiles || wd[1] != K2 || wd[2] != kCols || wd[3] != 2)
-      return ffi::Error::InvalidArgument("eagle_matmul: bf16 w must be packed [ceil(N/64), K/2, 64, 2]");
-    matmul_to(pool, static_cast<const uint32_t*>(x.untyped_data()),
-              static_cast<const uint16_t*>(w.untyped_data()), y, M, K2, N);
-  } else {
+  const int64_t M = xd[0], K = xd[1], N = yd[1];
+  const bool norm = gamma.element_count() > 0;
+  if (epilogue < kPlain || epilogue > kSwiglu || (epilogue == kResidual) != (res.element_count() > 0))
+    return ffi::Error::InvalidArgument("eagle_matmul: unknown epilogue, or a residual given without it");
+  const Epilogue kind = Epilogue(epilogue);
+  if (norm && (gamma.element_type() != x.element_type() || int64_t(gamma.element_count()) != K ||
+               segments < 1 || K % segments))
+    return ffi::Error::InvalidArgument("eagle_matmul: gamma must be [K] in x's dtype, K a multiple of segments");
+  if (kind == kResidual && (res.element_type() != y->element_type() || int64_t(res.element_count()) != M * N))
+    return ffi::Error::InvalidArgument("eagle_matmul: the residual must be [M, N] in y's dtype");
+  if (kind == kSwiglu && N % kCols)
+    return ffi::Error::InvalidArgument("eagle_matmul: swiglu needs N/2 (the output width) a multiple of 64");
+  const int64_t tiles = (N * (kind == kSwiglu ? 2 : 1) + kCols - 1) / kCols;
+  const bool bf16 = x.element_type() == ffi::BF16;
+  if (x.element_type() != w.element_type() || (!bf16 && x.element_type() != ffi::F32))
     return ffi::Error::InvalidArgument("eagle_matmul: x and w must both be float32 or both bfloat16");
-  }
+  if (bf16 ? (K % 2 || wd.size() != 4 || wd[0] != tiles || wd[1] != K / 2 || wd[2] != kCols || wd[3] != 2)
+           : (wd.size() != 3 || wd[0] != tiles || wd[1] != K || wd[2] != kCols))
+    return ffi::Error::InvalidArgument(
+        "eagle_matmul: w must be packed [ceil(N/64), K, 64] (f32) or [ceil(N/64), K/2, 64, 2] (bf16, K even)");
+  auto run = [&](auto etag, auto ytag) {
+    using E = decltype(etag);
+    using Y = decltype(ytag);
+    const E* xs = static_cast<const E*>(x.untyped_data());
+    std::vector<E> normed;
+    if (norm) {
+      normed.resize(M * K);
+      rms_norm_rows(xs, static_cast<const E*>(gamma.untyped_data()), normed.data(), M, K, segments, eps);
+      xs = normed.data();
+    }
+    Outputs<Y> o{static_cast<Y*>(y->untyped_data()), static_cast<const Y*>(res.untyped_data()), N, kind};
+    if constexpr (std::is_same_v<E, float>)
+      matmul(pool, xs, static_cast<const float*>(w.untyped_data()), o, M, K);
+    else
+      matmul(pool, reinterpret_cast<const uint32_t*>(xs), static_cast<const uint16_t*>(w.untyped_data()), o, M,
+             K / 2);
+  };
+  const bool ybf16 = y->element_type() == ffi::BF16;
+  if (bf16) ybf16 ? run(uint16_t{}, uint16_t{}) : run(uint16_t{}, float{});
+  else ybf16 ? run(float{}, uint16_t{}) : run(float{}, float{});
   return ffi::Error::Success();
 }
 
 // The same with a preset output buffer aliased to y (tests poison it with NaN,
 // so that an element the kernel fails to write shows).
-ffi::Error MatmulIntoImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer /*preset*/,
-                          ffi::Result<ffi::AnyBuffer> y) {
-  return MatmulImpl(pool, x, w, y);
+ffi::Error MatmulIntoImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer gamma,
+                          ffi::AnyBuffer res, ffi::AnyBuffer /*preset*/, ffi::Result<ffi::AnyBuffer> y, float eps,
+                          int32_t epilogue, int32_t segments) {
+  return MatmulImpl(pool, x, w, gamma, res, y, eps, epilogue, segments);
 }
 
 // ---------------------------------------------------------------------------
@@ -610,7 +728,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleMatmul, MatmulImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("epilogue")
+                                  .Attr<int32_t>("segments"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleMatmulInto, MatmulIntoImpl,
                               ffi::Ffi::Bind()
@@ -618,7 +741,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleMatmulInto, MatmulIntoImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("epilogue")
+                                  .Attr<int32_t>("segments"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleAttention, AttentionImpl,
                               ffi::Ffi::Bind()

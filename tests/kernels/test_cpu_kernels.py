@@ -75,6 +75,63 @@ def test_fused_norm_matmul_packed_equals_xla_reference():
         fused_norm_matmul(x, g.reshape(2, 48), w, eps=1e-5, segments=2, impl="xla")), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m,k,n,segments", [(1, 576, 960, 1), (5, 130, 200, 2), (17, 1152, 576, 2),
+                                            (7, 48, 70, 3), (33, 64, 128, 1)])
+def test_fused_norm_and_residual_against_the_xla_path(poisoned, dtype, m, k, n, segments):
+    """The in-kernel RMSNorm rounds as the XLA path does (bf16: bit for bit
+    here); the residual add is `h + round(x @ W)`."""
+    rng = np.random.default_rng(m + k + n)
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    g = jnp.asarray(1 + 0.1 * rng.standard_normal((k,)), dtype)
+    w = jnp.asarray(rng.standard_normal((k, n)) * 0.05, dtype)
+    pw = cpu.pack_weight(w)
+    ref = fused_norm_matmul(x, g, w, eps=1e-5, segments=segments, impl="xla")
+    got = jax.jit(lambda x, g, p: cpu.matmul(x, p, jnp.dtype(dtype), norm_weight=g, eps=1e-5,
+                                             segments=segments))(x, g, pw)
+    assert np.all(np.isfinite(np.asarray(got, np.float32)))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                               rtol=1e-5, atol=1e-5 if dtype == "float32" else 0)
+    res = jnp.asarray(rng.standard_normal((m, n)), dtype)
+    want = res + cpu.matmul(x, pw, jnp.dtype(dtype))
+    got = jax.jit(lambda x, p, r: cpu.matmul(x, p, jnp.dtype(dtype), residual=r))(x, pw, res)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("m,k,f", [(1, 576, 1536), (6, 96, 64), (13, 130, 192)])
+def test_fused_swiglu_against_float64(poisoned, dtype, m, k, f):
+    """silu(gate) * up from one call over [gate | up], against float64 math on
+    the rounded factors (bf16: within one rounding of the output)."""
+    rng = np.random.default_rng(m + k + f)
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    g = jnp.asarray(1 + 0.1 * rng.standard_normal((k,)), dtype)
+    w = jnp.asarray(rng.standard_normal((k, 2 * f)) * 0.2, dtype)
+    pw = cpu.pack_weight(w)
+    got = jax.jit(lambda x, g, p: cpu.matmul(x, p, jnp.dtype(dtype), norm_weight=g, eps=1e-5, swiglu=True))(x, g, pw)
+    gu = np.asarray(cpu.matmul(x, pw, jnp.dtype(dtype), norm_weight=g, eps=1e-5), np.float64)
+    gate, up = gu[:, :f], gu[:, f:]
+    ref = gate / (1 + np.exp(-gate)) * up
+    tol = 1e-6 if dtype == "float32" else 2.0 ** -8
+    assert np.all(np.isfinite(np.asarray(got, np.float32)))
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=tol, atol=tol * 1e-2)
+
+
+def test_fused_paths_keep_rows_independent_of_m():
+    """Norm, residual and SwiGLU rows of an M-row call equal 1-row calls bit for bit."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((9, 128)), jnp.bfloat16)
+    g = jnp.asarray(1 + 0.1 * rng.standard_normal((128,)), jnp.bfloat16)
+    pw = cpu.pack_weight(jnp.asarray(rng.standard_normal((128, 256)) * 0.1, jnp.bfloat16))
+    f = jax.jit(lambda x: (cpu.matmul(x, pw, jnp.bfloat16, norm_weight=g, eps=1e-5, swiglu=True),
+                           cpu.matmul(x, pw, jnp.bfloat16, residual=x.repeat(2, axis=-1))))
+    singles = [f(x[i:i + 1]) for i in range(9)]
+    for got, idx in ((f(x), slice(None)), (f(x[:5]), slice(0, 5))):
+        for j in range(2):
+            np.testing.assert_array_equal(np.asarray(got[j], np.float32),
+                                          np.concatenate([np.asarray(s[j], np.float32) for s in singles])[idx])
+
+
 def _attention_inputs(rng, dtype, b=2, t=5, hq=9, hkv=3, d=64, layers=3, s=48, lengths=(7, 33)):
     arr = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
     mask = jnp.asarray(rng.random((b, t, t)) < 0.5) | jnp.eye(t, dtype=bool)[None]
@@ -159,6 +216,13 @@ def test_bad_inputs_get_clear_errors():
         cpu.pack_weight(np.zeros((4, 4), np.float16))
     with pytest.raises(ValueError, match="K=8"):
         cpu.matmul(jnp.zeros((1, 5)), cpu.pack_weight(np.zeros((8, 4), np.float32)))
+    with pytest.raises(ValueError, match="swiglu"):
+        cpu.matmul(jnp.zeros((1, 8)), cpu.pack_weight(np.zeros((8, 96), np.float32)), swiglu=True)
+    with pytest.raises(ValueError, match="even K"):
+        cpu.matmul(jnp.zeros((1, 7), jnp.bfloat16), cpu.pack_weight(jnp.zeros((7, 4), jnp.bfloat16)),
+                   norm_weight=jnp.ones((7,), jnp.bfloat16))
+    with pytest.raises(ValueError, match="residual must be"):
+        cpu.matmul(jnp.zeros((2, 8)), cpu.pack_weight(np.zeros((8, 4), np.float32)), residual=jnp.zeros((2, 5)))
     a = _attention_inputs(np.random.default_rng(0), "float32", d=32)
     with pytest.raises(ValueError, match="head_dim 64 or 128"):
         cpu.attention(a["q"], a["k_cache"], a["v_cache"], 0, a["lengths"], a["k_new"], a["v_new"], a["new_mask"])
