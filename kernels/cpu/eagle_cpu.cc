@@ -450,8 +450,10 @@ ffi::Error MatmulIntoImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
 //
 // Per query row: scores of every visible key in key order (cache slots
 // 0..len-1, then the new tokens its mask row allows), softmax weights
-// exp(s - max), their sequential sum, then the sequential weighted sum of V.
-// A score is a 16-lane FMA chain over D reduced by the `hsum` tree, whether
+// exp(s - max), their sum by lanes of key index, then the sequential
+// weighted sum of V.
+// A score is 16 lane partials over D (`QueryRow`: f32 FMAs, or bf16 pair dots
+// for a bf16 cache) reduced by the `hsum` tree, whether
 // it is computed one key at a time (new tokens) or 16 cache slots at once
 // (`reduce16`, the same tree per slot): a token gets the same score as a new
 // key as it does later from the cache, so a verify step equals plain steps.
@@ -482,12 +484,57 @@ inline vf reduce16(const vf* p) {
   return lo + hi;
 }
 
-template <int NV, typename K>
-inline vf lane_dot(const vf* q, const K* k) {
-  vf acc = q[0] * load(k);
-  for (int c = 1; c < NV; ++c) acc += q[c] * load(k + 16 * c);
+// One query row, ready to score keys: 16 lane partials of q . k over D = 16 NV.
+// f32: an FMA chain over the NV vectors. bf16: AVX512-BF16 dots over the D/2
+// pairs (exact products, the pair summed odd then even, as dot_pairs).
+template <int NV, typename C>
+struct QueryRow;
+
+template <int NV>
+struct QueryRow<NV, float> {
+  vf v[NV];
+  void set(const float* q) {
+    for (int c = 0; c < NV; ++c) v[c] = load(q + 16 * c);
+  }
+  vf dot(const float* k) const {
+    vf acc = v[0] * load(k);
+    for (int c = 1; c < NV; ++c) acc += v[c] * load(k + 16 * c);
+    return acc;
+  }
+};
+
+inline vf dot_pair_vectors(vf acc, vu a, const uint16_t* b) {
+#if defined(__AVX512BF16__)
+  __m512i bv = _mm512_loadu_si512(b);
+  return (vf)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)bv);
+#else
+  vu u;
+  std::memcpy(&u, b, sizeof u);
+  vu a_lo = a << 16, a_hi = a & 0xffff0000u, b_lo = u << 16, b_hi = u & 0xffff0000u;
+  vf fa_lo, fa_hi, fb_lo, fb_hi;
+  std::memcpy(&fa_lo, &a_lo, sizeof fa_lo);
+  std::memcpy(&fa_hi, &a_hi, sizeof fa_hi);
+  std::memcpy(&fb_lo, &b_lo, sizeof fb_lo);
+  std::memcpy(&fb_hi, &b_hi, sizeof fb_hi);
+  acc += fa_hi * fb_hi;
+  acc += fa_lo * fb_lo;
   return acc;
+#endif
 }
+
+template <int NV>
+struct QueryRow<NV, uint16_t> {
+  static constexpr int P = NV / 2;  // vectors of 16 bf16 pairs
+  vu v[P];
+  void set(const uint16_t* q) {
+    for (int c = 0; c < P; ++c) std::memcpy(&v[c], q + 32 * c, sizeof(vu));
+  }
+  vf dot(const uint16_t* k) const {
+    vf acc{};
+    for (int c = 0; c < P; ++c) acc = dot_pair_vectors(acc, v[c], k + 32 * c);
+    return acc;
+  }
+};
 
 struct AttnShape {
   int64_t B, T, Hq, Hkv, D, S, G, L;
@@ -515,19 +562,17 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, const
   auto qrow = [&](int64_t r) { return q + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D; };
   auto new_kv = [&](const C* base, int64_t u) { return base + ((b * s.T + u) * s.Hkv + h) * D; };
   const float neg_inf = -INFINITY;
-  std::vector<vf> qv(rows * NV);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int c = 0; c < NV; ++c) qv[i * NV + c] = load(qrow(r0 + i) + 16 * c);
-  // Cache scores, 16 slots at a time (K converted to f32 once per block).
-  alignas(64) float kblk[kLanes * D];
+  std::vector<QueryRow<NV, C>> qv(rows);
+  for (int64_t i = 0; i < rows; ++i) qv[i].set(qrow(r0 + i));
+  // Cache scores, 16 slots at a time, read in place (a partial block's missing slots read zeros).
+  static const C zeros[D] = {};
   for (int64_t j0 = 0; j0 < len; j0 += kLanes) {
     const int64_t nb = std::min<int64_t>(kLanes, len - j0);
-    for (int64_t j = 0; j < kLanes; ++j)
-      for (int c = 0; c < NV; ++c)
-        store(kblk + j * D + 16 * c, j < nb ? load(kb + (j0 + j) * D + 16 * c) : vf{});
+    const C* kp[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) kp[j] = j < nb ? kb + (j0 + j) * D : zeros;
     for (int64_t i = 0; i < rows; ++i) {
       vf p[kLanes];
-      for (int j = 0; j < kLanes; ++j) p[j] = lane_dot<NV>(&qv[i * NV], kblk + j * D);
+      for (int j = 0; j < kLanes; ++j) p[j] = qv[i].dot(kp[j]);
       store(scores.data() + i * stride + j0, reduce16(p) * s.scale);
     }
   }
@@ -535,19 +580,29 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, const
   for (int64_t u = 0; u < s.T; ++u)
     for (int64_t i = 0; i < rows; ++i) {
       bool visible = mask[(b * s.T + (r0 + i) % s.T) * s.T + u];
-      scores[i * stride + len + u] = visible ? hsum(lane_dot<NV>(&qv[i * NV], new_kv(kn, u))) * s.scale : neg_inf;
+      scores[i * stride + len + u] = visible ? hsum(qv[i].dot(new_kv(kn, u))) * s.scale : neg_inf;
     }
-  // Softmax weights: max, exp, sequential sum.
+  // Softmax weights: max, exp, and their sum with key j in lane j % 16 (a
+  // masked key adds an exact zero to its lane), then the hsum tree.
   std::vector<float> inv(rows);
   for (int64_t i = 0; i < rows; ++i) {
     float* sc = scores.data() + i * stride;
-    float mx = neg_inf;
-    for (int64_t j = 0; j < nk; ++j) mx = std::max(mx, sc[j]);
-    if (!std::isfinite(mx)) mx = 0.0f;
     for (int64_t j = nk; j < stride; ++j) sc[j] = neg_inf;
-    for (int64_t j = 0; j < nk; j += kLanes) store(sc + j, exp_nonpositive(load(sc + j) - mx));
-    float sum = 0.0f;
-    for (int64_t j = 0; j < nk; ++j) sum += sc[j];
+    vf vmx = splat(neg_inf);
+    for (int64_t j = 0; j < nk; j += kLanes) {
+      vf v = load(sc + j);
+      vmx = v > vmx ? v : vmx;
+    }
+    float mx = neg_inf;
+    for (int l = 0; l < kLanes; ++l) mx = std::max(mx, vmx[l]);
+    if (!std::isfinite(mx)) mx = 0.0f;
+    vf acc{};
+    for (int64_t j = 0; j < nk; j += kLanes) {
+      vf e = exp_nonpositive(load(sc + j) - mx);
+      store(sc + j, e);
+      acc += e;
+    }
+    const float sum = hsum(acc);
     inv[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
   // Weighted values: rows in groups whose accumulators stay in registers.
