@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 
 from eagle_jax.config import ConfigError, SpecConfig
+
+# A chain of k drafted tokens compiles k drafter steps and verifies k + 1 tokens; past 16 the
+# compile time runs into minutes while a drafter accepts a few tokens per step at best.
+MAX_CHAIN_TOKENS = 16
 
 
 def _add_generate(sub):
@@ -39,20 +44,47 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help="default: float32 on CPU, bfloat16 on GPU/TPU")
     p.add_argument("--method", choices=["chain", "tree"], default=SpecConfig.method)
-    p.add_argument("--num-speculative-tokens", type=int, default=SpecConfig.num_speculative_tokens)
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help=f"chain length k, 1..{MAX_CHAIN_TOKENS} (default {SpecConfig.num_speculative_tokens}; "
+                        "chain only: a tree is sized by the --tree-* flags)")
     p.add_argument("--tree-top-k", type=int, default=SpecConfig.tree_top_k)
     p.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth)
     p.add_argument("--tree-total-tokens", type=int, default=SpecConfig.tree_total_tokens)
+    add_aux_semantics_argument(p)
+
+
+def add_aux_semantics_argument(p: argparse.ArgumentParser) -> None:
+    """--aux-layer-semantics: how the drafter's aux layer ids are read (generate, serve, convert)."""
+    p.add_argument("--aux-layer-semantics", type=str.lower, default=None,
+                   help="read the drafter's aux layer ids as outputs of layers (sglang, specforge, "
+                        "output: +1) or as inputs (vllm, safeailab, speculators, input); default: "
+                        "the rule for the config's publisher (README, Drafters)")
+
+
+def spec_from_args(args) -> SpecConfig:
+    """The SpecConfig of the flags; a flag the method does not use, or a chain past
+    MAX_CHAIN_TOKENS, is an error rather than silently ignored."""
+    k = args.num_speculative_tokens
+    if args.method == "tree" and k is not None:
+        raise ConfigError("--num-speculative-tokens sizes a chain; with --method tree use --tree-top-k, "
+                          "--tree-depth and --tree-total-tokens (or --draft none for plain decoding)")
+    if k is not None and not 1 <= k <= MAX_CHAIN_TOKENS:
+        raise ConfigError(f"--num-speculative-tokens must be in [1, {MAX_CHAIN_TOKENS}], got {k}"
+                          + (" (--draft none decodes without speculation)" if k == 0 else ""))
+    return SpecConfig(method=args.method,
+                      num_speculative_tokens=SpecConfig.num_speculative_tokens if k is None else k,
+                      tree_top_k=args.tree_top_k, tree_depth=args.tree_depth,
+                      tree_total_tokens=args.tree_total_tokens)
 
 
 def generator_from_args(args):
     """The Generator that `add_model_arguments` flags describe."""
+    from eagle_jax.convert.drafter_config import aux_layer_semantics_override
     from eagle_jax.generate import Generator
 
-    spec = SpecConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
-                      tree_top_k=args.tree_top_k, tree_depth=args.tree_depth,
-                      tree_total_tokens=args.tree_total_tokens)
-    return Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
+    spec = spec_from_args(args)
+    with aux_layer_semantics_override(args.aux_layer_semantics):
+        return Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
 
 
 def _read_prompts(path: str) -> list[str]:
@@ -132,13 +164,16 @@ def _add_convert(sub):
                    help="drafter output: speculators (vLLM) or native (SafeAILab); target output: eagle-jax")
     p.add_argument("--target", default=None, help="target the drafter belongs to (for defaults and verifier name)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    add_aux_semantics_argument(p)
     p.set_defaults(func=_convert)
 
 
 def _convert(args) -> int:
     from eagle_jax.convert.convert_cli import run_convert
+    from eagle_jax.convert.drafter_config import aux_layer_semantics_override
 
-    print(json.dumps(run_convert(args)))
+    with aux_layer_semantics_override(args.aux_layer_semantics):
+        print(json.dumps(run_convert(args)))
     return 0
 
 
@@ -170,8 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_loader_choices() -> None:
+    """Show on stderr what the loaders chose (drafter, aux id reading): logger eagle_jax.convert."""
+    logger = logging.getLogger("eagle_jax.convert")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("eagle-jax: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    _log_loader_choices()
     try:
         return args.func(args) or 0
     except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:

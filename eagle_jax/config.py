@@ -116,7 +116,14 @@ class DrafterConfig(_AttentionShape):
     """An EAGLE-3 / EAGLE 3.1 drafter: FC over target features + one decoder layer.
 
     `aux_layer_ids` use the vLLM/SafeAILab convention: id i is the residual
-    stream *entering* target layer i (HF `hidden_states[i]`).
+    stream *entering* target layer i (HF `hidden_states[i]`). An empty tuple
+    means "the EAGLE-3 default of the target it runs with" (a config that names
+    no ids, loaded without a target): `num_aux_states` of them, resolved by
+    `for_target`.
+
+    `sliding_window` (None = full attention): a query at position p sees the
+    keys at positions (p - sliding_window, p], the rule of HF, vLLM and
+    speculators for a `layer_types: ["sliding_attention"]` layer.
 
     Flags (EAGLE.md section 2-4):
       fc_norm               one RMSNorm per aux slot before the FC (EAGLE 3.1)
@@ -147,6 +154,8 @@ class DrafterConfig(_AttentionShape):
     verifier_name_or_path: str = ""
     verifier_architecture: str = "LlamaForCausalLM"
     speculative_tokens: int = 3
+    sliding_window: int | None = None
+    num_aux_states: int = 3  # only read while aux_layer_ids is ()
 
     def __post_init__(self):
         if self.fc_norm and self.norm_before_fc:
@@ -154,8 +163,12 @@ class DrafterConfig(_AttentionShape):
                 "fc_norm and norm_before_fc are mutually exclusive: fc_norm normalises "
                 "each aux hidden state, norm_before_fc the concatenation"
             )
-        if not self.aux_layer_ids:
-            raise ConfigError("a drafter needs at least one aux hidden state layer id")
+        if self.num_aux < 1:
+            raise ConfigError("a drafter needs at least one aux hidden state")
+        if self.sliding_window is not None and (
+                isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int)
+                or self.sliding_window < 1):
+            raise ConfigError(f"sliding_window must be a positive integer, got {self.sliding_window!r}")
         if self.draft_vocab_size > self.vocab_size:
             raise ConfigError(
                 f"draft_vocab_size ({self.draft_vocab_size}) exceeds the target "
@@ -165,7 +178,17 @@ class DrafterConfig(_AttentionShape):
 
     @property
     def num_aux(self) -> int:
-        return len(self.aux_layer_ids)
+        return len(self.aux_layer_ids) if self.aux_layer_ids else self.num_aux_states
+
+    def for_target(self, target: "TargetConfig") -> "DrafterConfig":
+        """This config with `()` aux ids resolved to the target's EAGLE-3 default."""
+        if self.aux_layer_ids:
+            return self
+        ids = target.default_aux_layers()
+        if len(ids) != self.num_aux_states:
+            raise ConfigError(f"the drafter reads {self.num_aux_states} aux states and names no "
+                              f"layer ids; the target's default has {len(ids)}")
+        return self.replace(aux_layer_ids=tuple(ids))
 
     @property
     def fc_in_size(self) -> int:

@@ -14,48 +14,79 @@ Three dialects are read (EAGLE.md section 5):
   the layer fields inside `transformer_layer_config`, the flags and aux ids at
   the top level, `speculators_config.{proposal_methods, verifier}`.
 
-Conventions decided here (documented so the other converters agree):
+Which publishers write which layout (all parse to the fields vLLM, or the
+trainer that wrote the file, derives from it):
+
+    publisher             layout                                  aux ids (if any)
+    SafeAILab             native, LlamaForCausalLM                top level, as stored
+    SpecForge / SGLang    native keys, *ForCausalLMEagle3,        eagle_config: +1 (SGLang)
+    TorchSpec             model_type llama or qwen2               top level: as stored
+    AngelSlim             native, Eagle3LlamaForCausalLM          (none: the default)
+    speculators, RedHatAI speculators (transformer_layer_config)  top level, as stored
+
+Rules decided here (README "Drafters"; the other converters agree):
 
 * **Aux layer ids** are stored in the vLLM/SafeAILab convention: id i is the
-  residual stream *entering* target layer i (HF `hidden_states[i]`). SGLang /
-  SpecForge ids mean "output of layer i" and get +1. Which convention a config
-  uses is decided, in this order:
-    1. `aux_layer_semantics=` argument of `drafter_config_from_dict` (caller override);
+  residual stream *entering* target layer i (HF `hidden_states[i]`). SGLang
+  reads `eagle_config.eagle_aux_hidden_state_layer_ids` as "output of layer i"
+  and captures i + 1, and SpecForge/TorchSpec trained with SGLang's capture, so
+  those ids get +1. The reading is decided, in this order:
+    1. `aux_layer_semantics=` argument (the CLI's `--aux-layer-semantics`);
     2. an explicit `eagle_aux_layer_semantics` key (top level or in
        `eagle_config`): "sglang" / "specforge" / "output" -> +1;
-       "vllm" / "safeailab" / "speculators" / "input" -> unchanged; any other value
-       is an error;
-    3. otherwise: ids read from `eagle_config` of a SpecForge config
-       (architecture `*ForCausalLMEagle3`) are SGLang ids (that is where SGLang
-       reads them, adding 1 when it captures); every other location (top-level
-       ids, speculators configs, native `LlamaForCausalLM` configs) is vLLM
-       convention (that is what vLLM reads, unchanged).
-  The ids are then sorted (engines capture them in layer order, so the FC's
-  column blocks follow ascending layer order whatever the list order was);
-  duplicates are an error. Missing ids default to `target_cfg.default_aux_layers()`.
-* **RoPE**: `rope_theta` and `rope_scaling` (or transformers-5 `rope_parameters`)
-  are each inherited from the target when the draft config lacks the key; an
-  explicit `rope_scaling: null` means no scaling. `max_position_embeddings` is
-  raised to the target's.
+       "vllm" / "safeailab" / "speculators" / "input" -> as stored; any other
+       value is an error;
+    3. otherwise: ids in `eagle_config` of a `*ForCausalLMEagle3` config are
+       SGLang ids; every other location (top-level ids, speculators configs,
+       native `LlamaForCausalLM` / `Eagle3LlamaForCausalLM` configs) is read as
+       stored, as vLLM does.
+  The reading applied is logged (logger `eagle_jax.convert`). Ids are sorted
+  (engines capture them in layer order); duplicates are an error. A config
+  without ids takes the target's default (2, N//2, N-3), which every trainer
+  above also uses (SGLang/AngelSlim spell it [1, N//2-1, N-4] as outputs);
+  parsed without a target, the ids stay `()` (`num_aux_hidden_states` of them,
+  3 by default) until `DrafterConfig.for_target`.
+* **RoPE** is the drafter config's own, as vLLM builds the draft layer and the
+  trainers (SafeAILab, SpecForge, AngelSlim, speculators) train it: a missing
+  `rope_theta` is the Llama/Qwen2 default 10000 and a missing `rope_scaling`
+  means none, whatever the target uses. `rope_parameters` (transformers 5) is
+  read too. Only `max_position_embeddings` is raised to the target's.
+* **Layer family**: `model_type` "llama" or "qwen2" is the Llama EAGLE-3 layer
+  vLLM runs for both; biases come from `attention_bias` alone (q/k/v and o; a
+  Qwen2 config has no such key, and SpecForge's trainer uses none). "qwen3"
+  (q_norm/k_norm) and MLA drafters (`kv_lora_rank`, DeepSeek/Kimi types) are
+  refused with `UnsupportedDrafterError`.
+* **Attention window**: the layer is sliding-window iff `layer_types` is
+  `["sliding_attention"]` (HF, vLLM and speculators read only that; a Qwen2
+  config without `layer_types` derives it as HF does from `use_sliding_window`
+  and `max_window_layers`); the window is `sliding_window`. A `sliding_window`
+  value without a sliding layer type is ignored, as every engine ignores it.
 * **norm_before_residual** defaults to True for speculators configs and False
   for native/SpecForge configs (vLLM's defaults).
-* **Validation of unknown keys**: any key of the top level, of `eagle_config` or
-  of `transformer_layer_config` that starts with one of `FLAG_PREFIXES`
-  (`norm_`, `fc_`, `eagle_`, `aux_`, `num_aux`, `target_`, `draft_`, `use_aux`,
-  `speculators_`) must be a known key; any other key closer than 0.85
-  (difflib ratio) to a known flag name (e.g. `nrom_output`) is also rejected.
-  Flags must be JSON booleans (null = absent).
+* **Keys**: metadata in `IGNORED_METADATA_KEYS` is accepted and ignored; keys
+  that change the computation are checked against the values the drafter
+  implements (`_IMPLEMENTED_VALUES`); any other key of the top level, of
+  `eagle_config` or of `transformer_layer_config` that starts with one of
+  `FLAG_PREFIXES` must be a known drafter key, and a key closer than 0.85
+  (difflib ratio) to a flag name (e.g. `nrom_output`) is rejected. Flags must
+  be JSON booleans (null = absent).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
+import logging
 from typing import Any
 
 from eagle_jax.config import ConfigError, DrafterConfig, RopeConfig, TargetConfig
 
 __all__ = [
+    "AUX_LAYER_SEMANTICS",
+    "aux_layer_semantics_override",
     "FLAG_PREFIXES",
+    "IGNORED_METADATA_KEYS",
     "KNOWN_DRAFTER_KEYS",
     "SPECULATORS_VERSION",
     "detect_config_format",
@@ -65,7 +96,15 @@ __all__ = [
     "drafter_config_to_speculators",
     "rope_from_dict",
     "rope_to_dict",
+    "UnsupportedDrafterError",
 ]
+
+log = logging.getLogger("eagle_jax.convert")
+
+
+class UnsupportedDrafterError(ConfigError):
+    """A well-formed drafter config describes a drafter eagle-jax does not implement."""
+
 
 SPECULATORS_VERSION = "0.9.0"
 
@@ -87,8 +126,30 @@ KNOWN_DRAFTER_KEYS = frozenset(FLAG_NAMES) | {
     "speculators_version",
     "speculators_config",
 }
+# Published drafter configs carry these; no engine reads them to build the drafter.
+IGNORED_METADATA_KEYS = frozenset({
+    "torch_dtype", "dtype", "transformers_version", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "attention_dropout",
+    "pretraining_tp", "tie_word_embeddings", "embed_requires_grad",
+    "target_model_type",  # AngelSlim, SpecForge: the target's family, informational
+})
 _SGLANG_SEMANTICS = ("sglang", "specforge", "output")
 _VLLM_SEMANTICS = ("vllm", "safeailab", "speculators", "input")
+AUX_LAYER_SEMANTICS = _SGLANG_SEMANTICS + _VLLM_SEMANTICS
+_LAYER_FAMILIES = ("llama", "qwen2")  # both run as vLLM's Llama EAGLE-3 layer
+_MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim")
+_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
+# Keys that change what the layer computes, with the values the drafter implements
+# (null counts as absent).
+_IMPLEMENTED_VALUES = {
+    "hidden_act": ("silu", "swish"),
+    "mlp_bias": (False,),
+    "bias": (False,),  # vLLM: an o_proj bias; SafeAILab EAGLE-1: an FC bias
+    "logit_scale": (1, 1.0),
+    "partial_rotary_factor": (1, 1.0),
+    "is_causal": (True,),
+    "attn_logit_softcapping": (),
+}
 _SUPPORTED_SPECULATORS_TYPES = ("eagle3",)
 # transformer_layer_config is a serialized LlamaConfig; transformers 4's
 # to_diff_dict drops values equal to these class defaults.
@@ -128,24 +189,18 @@ def detect_config_format(config_dict: dict) -> str:
 
 # ----------------------------------------------------------------------------- rope
 
-def rope_from_dict(d: dict, fallback: RopeConfig | None = None) -> RopeConfig:
+def rope_from_dict(d: dict) -> RopeConfig:
     """RoPE from HF-style keys (`rope_theta` + `rope_scaling`, or transformers-5
-    `rope_parameters`); each missing piece comes from `fallback` (the target's)."""
-    fallback = fallback or RopeConfig()
+    `rope_parameters`); a missing theta is the Llama default 10000, a missing
+    scaling none."""
     params = d.get("rope_parameters")
     if isinstance(params, dict) and params:
-        theta = params.get("rope_theta", d.get("rope_theta", fallback.theta))
+        theta = params.get("rope_theta", d.get("rope_theta", RopeConfig.theta))
         kind = params.get("rope_type", params.get("type", "default"))
         scaling = None if kind in (None, "default") else dict(params)
         return _rope_with_scaling(float(theta), scaling, "rope_parameters")
-    theta = float(d["rope_theta"]) if d.get("rope_theta") is not None else fallback.theta
-    if "rope_scaling" not in d:
-        return RopeConfig(**{**_rope_fields(fallback), "theta": theta})
-    return _rope_with_scaling(theta, d["rope_scaling"], "rope_scaling")
-
-
-def _rope_fields(rope: RopeConfig) -> dict:
-    return {f: getattr(rope, f) for f in RopeConfig.__dataclass_fields__}
+    theta = float(d["rope_theta"]) if d.get("rope_theta") is not None else RopeConfig.theta
+    return _rope_with_scaling(theta, d.get("rope_scaling"), "rope_scaling")
 
 
 def _rope_with_scaling(theta: float, scaling: dict | None, key: str) -> RopeConfig:
@@ -195,8 +250,11 @@ def rope_to_dict(rope: RopeConfig) -> dict:
 
 def _check_keys(d: dict, where: str) -> None:
     for key in d:
-        if key in KNOWN_DRAFTER_KEYS:
+        if key in KNOWN_DRAFTER_KEYS or key in IGNORED_METADATA_KEYS:
             continue
+        if key in _IMPLEMENTED_VALUES and d[key] is not None and d[key] not in _IMPLEMENTED_VALUES[key]:
+            raise UnsupportedDrafterError(f"{key}={d[key]!r} in {where} is not supported by the "
+                                          f"drafter (supported: {list(_IMPLEMENTED_VALUES[key])})")
         if key.startswith(FLAG_PREFIXES):
             raise ConfigError(
                 f"unknown drafter key {key!r} in {where}; known drafter keys: "
@@ -245,8 +303,29 @@ def _flag(top: dict, layer: dict, key: str, default: bool, aliases: tuple[str, .
     return values[0][2]
 
 
+def _aux_shift(top: dict, fmt: str, location: str, semantics: str | None) -> tuple[int, str]:
+    """(+1 or 0, the reading's name) for ids found at `location` (module docstring)."""
+    eagle_cfg = top.get("eagle_config") or {}
+    source = "the caller's override"
+    if semantics is None:
+        semantics = top.get("eagle_aux_layer_semantics", eagle_cfg.get("eagle_aux_layer_semantics"))
+        source = "the config's eagle_aux_layer_semantics"
+    if semantics is not None:
+        if not isinstance(semantics, str) or semantics.lower() not in AUX_LAYER_SEMANTICS:
+            raise ConfigError(f"eagle_aux_layer_semantics must be one of {AUX_LAYER_SEMANTICS}, "
+                              f"got {semantics!r}")
+        sglang = semantics.lower() in _SGLANG_SEMANTICS
+    else:
+        sglang = fmt == "specforge" and location == "eagle_config"
+        source = (f"the rule for {location} ids of a {fmt} config")
+    reading = "outputs of layers (SGLang), +1" if sglang else "inputs of layers (vLLM), as stored"
+    return int(sglang), f"{reading}, by {source}"
+
+
 def _aux_ids(top: dict, fmt: str, target_cfg: TargetConfig | None,
-             semantics: str | None) -> tuple[int, ...]:
+             semantics: str | None) -> tuple[tuple[int, ...], int, str]:
+    """(aux ids in the vLLM convention or () for the target's default, number of
+    aux states, a sentence saying which reading was applied)."""
     eagle_cfg = top.get("eagle_config") or {}
     top_ids = top.get("eagle_aux_hidden_state_layer_ids")
     nested_ids = eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
@@ -254,34 +333,21 @@ def _aux_ids(top: dict, fmt: str, target_cfg: TargetConfig | None,
         raise ConfigError(
             f"eagle_aux_hidden_state_layer_ids disagree: {list(top_ids)} at the top level, "
             f"{list(nested_ids)} in eagle_config")
-    ids, location = (top_ids, "top") if top_ids else (nested_ids, "eagle_config")
-    declared = top.get("eagle_aux_layer_semantics", eagle_cfg.get("eagle_aux_layer_semantics"))
-    if semantics is None:
-        semantics = declared
-    if semantics is not None:
-        if not isinstance(semantics, str) or semantics.lower() not in _SGLANG_SEMANTICS + _VLLM_SEMANTICS:
-            raise ConfigError(
-                f"eagle_aux_layer_semantics must be one of {_SGLANG_SEMANTICS + _VLLM_SEMANTICS}, "
-                f"got {semantics!r}")
-        shift = 1 if semantics.lower() in _SGLANG_SEMANTICS else 0
-    else:
-        shift = 1 if (fmt == "specforge" and location == "eagle_config") else 0
-
+    ids, location = (top_ids, "top-level") if top_ids else (nested_ids, "eagle_config")
     n_aux = top.get("num_aux_hidden_states", eagle_cfg.get("num_aux_hidden_states"))
     if n_aux is not None and (isinstance(n_aux, bool) or not isinstance(n_aux, int) or n_aux < 1):
         raise ConfigError(f"num_aux_hidden_states must be a positive integer, got {n_aux!r}")
 
     if not ids:
         if target_cfg is None:
-            raise ConfigError(
-                "the drafter config has no eagle_aux_hidden_state_layer_ids; pass target_cfg so "
-                "the EAGLE-3 default (2, N//2, N-3) can be used")
+            n = 3 if n_aux is None else n_aux
+            return (), n, f"no aux ids: the default of the target it runs with ({n} states)"
         out = tuple(target_cfg.default_aux_layers())
         if n_aux is not None and n_aux != len(out):
             raise ConfigError(
                 f"num_aux_hidden_states is {n_aux} but the config has no "
                 f"eagle_aux_hidden_state_layer_ids and the default has {len(out)} layers")
-        return out
+        return out, len(out), f"no aux ids: the EAGLE-3 default, inputs of layers {list(out)}"
     if not isinstance(ids, (list, tuple)) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ConfigError(f"eagle_aux_hidden_state_layer_ids must be a list of integers, got {ids!r}")
@@ -289,6 +355,7 @@ def _aux_ids(top: dict, fmt: str, target_cfg: TargetConfig | None,
         raise ConfigError(
             f"eagle_aux_hidden_state_layer_ids has {len(ids)} ids {list(ids)} but "
             f"num_aux_hidden_states is {n_aux}")
+    shift, reading = _aux_shift(top, fmt, location, semantics)
     out = tuple(sorted(int(i) + shift for i in ids))
     if len(set(out)) != len(out):
         raise ConfigError(f"eagle_aux_hidden_state_layer_ids has duplicates: {list(ids)}")
@@ -298,19 +365,80 @@ def _aux_ids(top: dict, fmt: str, target_cfg: TargetConfig | None,
         raise ConfigError(
             f"eagle_aux_hidden_state_layer_ids {list(ids)} (as inputs of layers: {list(out)}) "
             f"exceed the target's {target_cfg.num_layers} layers")
-    return out
+    return out, len(out), f"{location} aux ids {list(ids)} read as {reading}: inputs of layers {list(out)}"
+
+
+def _layer_family(top: dict, layer: dict, where: str) -> str:
+    """The drafter layer's model_type, refusing the families the drafter does not implement."""
+    model_type = layer.get("model_type", "llama")
+    archs = [a for a in (top.get("architectures") or []) if isinstance(a, str)]
+    mla = [k for k in _MLA_KEYS if layer.get(k) is not None]
+    if mla or model_type in _MLA_TYPES or any("Deepseek" in a for a in archs):
+        raise UnsupportedDrafterError(
+            f"MLA attention drafters are not supported (architectures {archs}, model_type "
+            f"{model_type!r}{', ' + ', '.join(mla) if mla else ''}); eagle-jax's drafter layer "
+            "is Llama-style attention")
+    if model_type == "qwen3":
+        raise UnsupportedDrafterError(
+            f"{where}: a qwen3 drafter layer (per-head q_norm/k_norm) is not supported; "
+            f"supported model_type: {list(_LAYER_FAMILIES)}")
+    if model_type not in _LAYER_FAMILIES:
+        raise UnsupportedDrafterError(f"{where}: model_type {model_type!r} is not supported for the "
+                                      f"drafter layer; supported: {list(_LAYER_FAMILIES)}")
+    return model_type
+
+
+def _attention_window(layer: dict, model_type: str, where: str) -> int | None:
+    """The layer's sliding window, or None for full attention (module docstring)."""
+    types = layer.get("layer_types")
+    if types is None and model_type == "qwen2":
+        sliding = bool(layer.get("use_sliding_window")) and _int(
+            layer, "max_window_layers", where, default=28) <= 0
+        types = ["sliding_attention" if sliding else "full_attention"]
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != 1:
+        raise ConfigError(f"layer_types in {where} must list the one drafter layer, got {types!r}")
+    if types[0] == "full_attention":
+        return None
+    if types[0] != "sliding_attention":
+        raise UnsupportedDrafterError(f"layer_types {types!r} in {where}: only full_attention and "
+                                      "sliding_attention layers are supported")
+    window = _int(layer, "sliding_window", where, default=None)
+    if window is None or window < 1:
+        raise ConfigError(f"{where} has a sliding_attention layer but sliding_window is {window!r}")
+    return window
 
 
 # ----------------------------------------------------------------------------- parse
+
+_SEMANTICS_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "aux_layer_semantics", default=None)
+
+
+@contextlib.contextmanager
+def aux_layer_semantics_override(semantics: str | None):
+    """Inside the block every drafter config is parsed with this aux id reading
+    (the CLI's `--aux-layer-semantics`, reaching loads it does not call directly)."""
+    if semantics is not None and semantics.lower() not in AUX_LAYER_SEMANTICS:
+        raise ConfigError(f"aux layer semantics must be one of {AUX_LAYER_SEMANTICS}, got {semantics!r}")
+    token = _SEMANTICS_OVERRIDE.set(semantics)
+    try:
+        yield
+    finally:
+        _SEMANTICS_OVERRIDE.reset(token)
+
 
 def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None = None, *,
                              aux_layer_semantics: str | None = None) -> DrafterConfig:
     """Parse a SafeAILab / SpecForge / speculators drafter config.json dict.
 
-    `target_cfg` supplies what drafter configs often omit (aux layer ids, RoPE,
-    max length) and is checked against (`vocab_size`, `target_hidden_size`).
-    `aux_layer_semantics` ("sglang" or "vllm") overrides the detection of the
-    aux id convention (module docstring).
+    `target_cfg` supplies the default aux layer ids and the max length, and is
+    checked against (`vocab_size`, `target_hidden_size`); without it a config
+    that names no aux ids parses to `aux_layer_ids=()` (see
+    `DrafterConfig.for_target`). RoPE is always the drafter config's own.
+    `aux_layer_semantics` (one of `AUX_LAYER_SEMANTICS`) overrides the
+    reading of the aux ids (module docstring); the reading applied is logged.
     """
     fmt = detect_config_format(config_dict)
     top = config_dict
@@ -344,21 +472,11 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
     else:
         layer, where, spec = top, "the config", {}
 
-    model_type = layer.get("model_type", "llama")
-    if model_type != "llama":
-        raise ConfigError(
-            f"{where}: model_type {model_type!r} is not supported for the drafter layer (only "
-            "'llama'; a qwen3 layer would carry q_norm/k_norm)")
+    model_type = _layer_family(top, layer, where)
     n_layers = _int(layer, "num_hidden_layers", where, default=1)
     if n_layers != 1:
-        raise ConfigError(f"num_hidden_layers is {n_layers}; an EAGLE-3 drafter has exactly 1 layer")
-    act = layer.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"hidden_act {act!r} is not supported (SwiGLU with silu only)")
-    if layer.get("mlp_bias"):
-        raise ConfigError("mlp_bias: true is not supported by the drafter")
-    if top.get("bias"):
-        raise ConfigError("bias: true (an FC with bias) is not supported by the drafter")
+        raise UnsupportedDrafterError(
+            f"num_hidden_layers is {n_layers}; an EAGLE-3 drafter has exactly 1 layer")
 
     hidden = _int(layer, "hidden_size", where)
     heads = _int(layer, "num_attention_heads", where)
@@ -404,7 +522,7 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
     eps = layer.get("rms_norm_eps", 1e-6)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
         raise ConfigError(f"rms_norm_eps must be a positive number, got {eps!r}")
-    rope = rope_from_dict(layer, target_cfg.rope if target_cfg is not None else None)
+    rope = rope_from_dict(layer)
     max_pos = _int(layer, "max_position_embeddings", where, default=2048)
     if target_cfg is not None:
         max_pos = max(max_pos, target_cfg.max_position_embeddings)
@@ -418,7 +536,9 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
     norm_output = _flag(top, layer, "norm_output", False)
     norm_before_residual = _flag(top, layer, "norm_before_residual", fmt == "speculators")
 
-    aux = _aux_ids(top, fmt, target_cfg, aux_layer_semantics)
+    aux, n_aux, reading = _aux_ids(top, fmt, target_cfg,
+                                   aux_layer_semantics or _SEMANTICS_OVERRIDE.get())
+    log.info("drafter config (%s): %s", fmt, reading)
 
     verifier = spec.get("verifier") or {}
     verifier_name = verifier.get("name_or_path") or (target_cfg.name_or_path if target_cfg else "")
@@ -439,7 +559,8 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         norm_before_residual=norm_before_residual, norm_output=norm_output,
         qkv_bias=attention_bias, o_bias=attention_bias, has_embedding=False,
         verifier_name_or_path=str(verifier_name or ""), verifier_architecture=str(verifier_arch),
-        speculative_tokens=spec_tokens)
+        speculative_tokens=spec_tokens, sliding_window=_attention_window(layer, model_type, where),
+        num_aux_states=n_aux)
 
 
 # ----------------------------------------------------------------------------- export
@@ -467,9 +588,16 @@ def _layer_dict(cfg: DrafterConfig, torch_dtype: str | None) -> dict:
         "mlp_bias": False,
         "tie_word_embeddings": False,
     }
+    if cfg.sliding_window is not None:
+        d.update(sliding_window=cfg.sliding_window, layer_types=["sliding_attention"])
     if torch_dtype:
         d["torch_dtype"] = torch_dtype
     return d
+
+
+def _aux_ids_entry(cfg: DrafterConfig) -> dict:
+    """The ids key, absent when they are the target's default (`()`)."""
+    return {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)} if cfg.aux_layer_ids else {}
 
 
 def drafter_config_to_native(cfg: DrafterConfig, *, torch_dtype: str | None = None) -> dict:
@@ -483,7 +611,7 @@ def drafter_config_to_native(cfg: DrafterConfig, *, torch_dtype: str | None = No
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "num_aux_hidden_states": cfg.num_aux,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        **_aux_ids_entry(cfg),
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
@@ -501,7 +629,7 @@ def drafter_config_to_speculators(cfg: DrafterConfig, *, torch_dtype: str | None
         "transformer_layer_config": _layer_dict(cfg, torch_dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        **_aux_ids_entry(cfg),
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,

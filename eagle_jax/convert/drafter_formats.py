@@ -322,9 +322,12 @@ def load_drafter(path: str | os.PathLike, target_cfg: TargetConfig | None = None
 
     Returns (cfg, params, vocab); params follow docs/PARAMS.md in `dtype`
     (None keeps the checkpoint's own floating dtype).
-    `target_cfg` fills what drafter configs omit (aux ids, RoPE, lengths) and is
-    checked for consistency. See `drafter_config_from_dict` for the aux id
-    convention and `aux_layer_semantics`.
+    `target_cfg` is optional: it supplies the default aux ids and the max length
+    and is checked for consistency; without it a config naming no aux ids loads
+    with `aux_layer_ids=()` (the default of the target it will run with, see
+    `DrafterConfig.for_target`), since the weights only depend on their number.
+    RoPE is the drafter config's own. See `drafter_config_from_dict` for the
+    aux id readings and `aux_layer_semantics`; the reading applied is logged.
     """
     d = Path(path)
     if d.is_file() and d.name == "config.json":

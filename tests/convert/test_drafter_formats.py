@@ -61,13 +61,18 @@ def _draft_ids(n: int, vocab: int, seed: int) -> tuple:
     return tuple(int(i) for i in np.sort(rng.choice(vocab, size=n, replace=False)))
 
 
-# name -> (RefSpec kwargs, native save kwargs, target rope: None = same as the drafter's)
+# name -> (RefSpec kwargs, native save kwargs, target rope: None = same as the drafter's).
+# A config without rope keys (with_rope=False) runs at the Llama default theta 10000 without
+# scaling, whatever the target uses (vLLM and the trainers): those variants give the target
+# another RoPE so that inheriting it would fail.
+TARGET_LLAMA3 = RopeConfig(theta=500000.0, scaling_type="llama3", factor=8.0,
+                           original_max_position_embeddings=64)
 VARIANTS = {
     "eagle3": (dict(rope_theta=500000.0, rope_scaling=LLAMA3), dict(), RopeConfig(theta=10000.0)),
-    "eagle31": (dict(fc_norm=True, norm_output=True, rope_theta=50000.0),
-                dict(with_rope=False, with_aux_ids=False), None),
-    "norm_before_fc": (dict(norm_before_fc=True, rope_theta=20000.0), dict(with_rope=False, include_vocab=False),
-                       None),
+    "eagle31": (dict(fc_norm=True, norm_output=True),
+                dict(with_rope=False, with_aux_ids=False), TARGET_LLAMA3),
+    "norm_before_fc": (dict(norm_before_fc=True), dict(with_rope=False, include_vocab=False),
+                       RopeConfig(theta=20000.0)),
     "norm_before_residual": (dict(norm_before_residual=True, attention_bias=True), dict(), None),
     "target_hidden": (dict(target_hidden=48, has_embedding=True), dict(), None),
     "small_vocab": (dict(draft_vocab=120, draft_target_ids=_draft_ids(120, 300, 7)), dict(), None),
@@ -517,14 +522,14 @@ def test_specforge_checkpoint_loads_with_sglang_ids(tmp_path):
 def test_config_defaults():
     tc = _tcfg()
     c = drafter_config_from_dict(_native_dict(), tc)
-    assert c.rope == tc.rope  # no rope_theta / rope_scaling: the target's
+    assert c.rope == RopeConfig()  # no rope_theta / rope_scaling: 10000, unscaled (not the target's)
     assert c.max_position_embeddings == 8192
     assert c.target_hidden_size == 64 and c.head_dim == 16
     assert c.aux_layer_ids == (2, 15, 27)
     assert c.norm_before_residual is False and not c.fc_norm and not c.norm_output
     assert c.verifier_name_or_path == tc.name_or_path and c.rms_norm_eps == 1e-5
     c = drafter_config_from_dict(_native_dict(rope_theta=500000.0), tc)
-    assert c.rope.theta == 500000.0 and c.rope.scaling_type == "llama3"  # scaling inherited
+    assert c.rope == RopeConfig(theta=500000.0)  # no rope_scaling: none, not the target's
     c = drafter_config_from_dict(_native_dict(rope_theta=500000.0, rope_scaling=None), tc)
     assert c.rope == RopeConfig(theta=500000.0)
     c = drafter_config_from_dict(_native_dict(rope_parameters={"rope_type": "linear", "factor": 2.0,
@@ -544,8 +549,10 @@ def test_config_defaults():
         del spec_min["transformer_layer_config"][k]
     c = drafter_config_from_dict(spec_min)
     assert (c.hidden_size, c.num_heads, c.head_dim, c.intermediate_size) == (4096, 32, 128, 11008)
-    with pytest.raises(ConfigError, match="eagle_aux_hidden_state_layer_ids"):
-        drafter_config_from_dict(_native_dict())  # no ids and no target
+    # no ids and no target: the target's default, resolved when paired
+    c = drafter_config_from_dict(_native_dict())
+    assert (c.aux_layer_ids, c.num_aux) == ((), 3)
+    assert c.for_target(tc).aux_layer_ids == (2, 15, 27)
     with pytest.raises(ConfigError, match="vocab_size"):
         drafter_config_from_dict(_native_dict(), _tcfg(vocab_size=301))
     with pytest.raises(ConfigError, match="target_hidden_size"):
