@@ -108,8 +108,9 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     q, k = rotate_qk(q, k, cos, sin)
-    h = matmul(attend(q, k, v), layer["wo"], layer.get("bo"), residual=residual)
-    h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps, impl=impl)
+    h = residual + matmul(attend(q, k, v), layer["wo"], layer.get("bo"))
+    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
+                       eps=eps, impl=impl)
     return h, k, v
 
 
@@ -134,12 +135,20 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     call (default: the committed ones). `embed` [V, H] is the target's
     embedding, required when the checkpoint has none. `logits_at` [B] int32
     computes the logits at one position per row only (then [B, 1, Vd]).
+    With `cfg.sliding_window` both masks also drop keys at or before
+    position - window (a cache slot's position is its index).
     Returns (draft logits float32 [B, T, Vd], feedback [B, T, H], cache).
+
+    The new K/V are written at slots `cache.lengths + t` but not committed: the
+    returned cache has the same `lengths`, and the caller commits what it keeps
+    (`cache.commit`, `cache.compact`), as the target's forward does.
     """
     b, t = tokens.shape
     if slot_mask is None:
         slot_mask = committed_mask(cache.lengths, cache.max_len, t)
     new_mask = causal_mask(b, t) if mask is None else mask
+    if cfg.sliding_window is not None:
+        slot_mask, new_mask = window_masks(slot_mask, new_mask, positions, cfg.sliding_window)
 
     def attend(q, k, v):
         return attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
@@ -149,6 +158,17 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
                      jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
     _, feedback = head(params, cfg, h, impl=impl) if cfg.norm_output else (None, h)
     return logits, feedback, cache.write(k[None], v[None], impl=impl)
+
+
+def window_masks(slot_mask, new_mask, positions, window: int):
+    """Restrict slot_mask [B, T, S] and new_mask [B, T, T] to keys at positions in
+    (p - window, p] for a query at position p. Slot s is taken to hold position s,
+    as committed context does; drafted tree nodes sit at or past their positions,
+    all within one tree depth of the query, so the rule is exact whenever the
+    window exceeds the draft depth."""
+    low = positions[:, :, None] - window  # [B, T, 1]
+    slots = jnp.arange(slot_mask.shape[-1], dtype=positions.dtype)[None, None, :]
+    return slot_mask & (slots > low), new_mask & (positions[:, None, :] > low)
 
 
 def to_target_logits(draft_logits: jax.Array, vocab: DraftVocab) -> jax.Array:
