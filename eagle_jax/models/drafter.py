@@ -108,9 +108,8 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
     q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     q, k = rotate_qk(q, k, cos, sin)
-    h = residual + matmul(attend(q, k, v), layer["wo"], layer.get("bo"))
-    h = h + swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"],
-                       eps=eps, impl=impl)
+    h = matmul(attend(q, k, v), layer["wo"], layer.get("bo"), residual=residual)
+    h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps, impl=impl)
     return h, k, v
 
 
