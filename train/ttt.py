@@ -104,6 +104,13 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
     aux [B, T, A*Ht] target features (compute dtype), input_ids [B, T] int32,
     lengths [B] int32 real tokens per row. See the module docstring.
 
+    `input_ids` is the UNSHIFTED sequence: ``aux[:, t]`` and ``input_ids[:, t]``
+    belong to the same position t, and step i pairs the features at t with
+    token ``t + 1 + i`` (shifted here). speculators' ``Eagle3DraftModel.forward``
+    instead takes a batch its collator already shifted (its ``input_ids[t]`` is
+    the token after ``hidden_states[t]``), as ``drafter.step`` does: pass
+    ``input_ids[:, 1:]`` there for the same pairing.
+
     This is the fast path used for training: the drafter layer of
     ``drafter.step`` with an attention that scores each query against the
     step-0 keys (one [T, T] causal block) plus its ``i`` diagonal keys (one dot
