@@ -205,13 +205,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A log handler writing to whatever `sys.stderr` is at the time of the record."""
+
+    stream = property(lambda self: sys.stderr, lambda self, _: None)
+
+
+_LOADER_LOG = _StderrHandler()
+_LOADER_LOG.setFormatter(logging.Formatter("eagle-jax: %(message)s"))
+
+
 def _log_loader_choices() -> None:
     """Show on stderr what the loaders chose (drafter, aux id reading): logger eagle_jax.convert."""
     logger = logging.getLogger("eagle_jax.convert")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("eagle-jax: %(message)s"))
-        logger.addHandler(handler)
+    if _LOADER_LOG not in logger.handlers:
+        logger.addHandler(_LOADER_LOG)
     logger.setLevel(logging.INFO)
 
 

@@ -298,3 +298,36 @@ def test_convert_target_errors(tiny_hf_target, tmp_path, capsys):
     assert main(["convert", str(tmp_path / "nothing.gguf"), str(tmp_path / "o")]) == 2
     assert "nothing.gguf" in _error_line(capsys)
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- silent choices
+
+@pytest.mark.parametrize("extra, match", [
+    (["--method", "tree", "--num-speculative-tokens", "0"], "--num-speculative-tokens sizes a chain"),
+    (["--num-speculative-tokens", "100"], "--num-speculative-tokens must be in [1, 16], got 100"),
+    (["--num-speculative-tokens", "0"], "(--draft none decodes without speculation)"),
+    (["--aux-layer-semantics", "sideways"], "aux layer semantics must be one of"),
+])
+def test_speculation_flags_are_not_silently_ignored(capsys, extra, match):
+    """Refused before anything loads: one line naming the flag."""
+    assert main(["generate", "--prompt", "hi", *extra]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("eagle-jax generate: error: ") and match in line
+
+
+def test_draft_default_says_what_it_chose(caplog):
+    from eagle_jax.config import TargetConfig
+    from eagle_jax.convert.bundled import bundled_path, resolve_drafter
+
+    tc = TargetConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=4, num_heads=2,
+                      num_kv_heads=2, head_dim=4, max_position_embeddings=64,
+                      name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")
+    with caplog.at_level("INFO", logger="eagle_jax.convert"):
+        # a local copy of the default target (a path) still gets its bundled drafter
+        assert resolve_drafter("default", "/models/smollm2", tc) == bundled_path("smollm2-135m-eagle3.1")
+        assert "smollm2-135m-eagle3.1 (registered for 'HuggingFaceTB/SmolLM2-135M-Instruct'" in caplog.text
+        caplog.clear()
+        other = tc.__class__(**{**tc.__dict__, "name_or_path": "Qwen/Qwen3-0.6B"})
+        assert resolve_drafter("default", "/models/qwen3", other) is None
+    assert "no bundled drafter is registered for target '/models/qwen3' (Qwen/Qwen3-0.6B)" in caplog.text
+    assert "decoding without speculation" in caplog.text
