@@ -317,7 +317,7 @@ def _aux_shift(top: dict, fmt: str, location: str, semantics: str | None) -> tup
         sglang = semantics.lower() in _SGLANG_SEMANTICS
     else:
         sglang = fmt == "specforge" and location == "eagle_config"
-        source = (f"the rule for {location} ids of a {fmt} config")
+        source = f"the rule for {location} ids of a {fmt} config"
     reading = "outputs of layers (SGLang), +1" if sglang else "inputs of layers (vLLM), as stored"
     return int(sglang), f"{reading}, by {source}"
 
