@@ -11,7 +11,8 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
 * `pack_weight(w)`: W [K, N] (float32 or bfloat16) -> `PackedWeight`, done
   once per weight (`eagle_jax.models.target.prepare_for_decoding`).
 * `matmul(x, pw)`: x [..., K] -> float32 [..., N]; x is cast to the
-  weight's dtype (bf16 x bf16 products are exact in f32; accumulation f32).
+  weight's dtype (bf16 x bf16 products are exact in f32; accumulation f32);
+  optionally with an RMSNorm of x first and a residual add or SwiGLU after.
 * `attention(...)`: T new queries over the committed slots of one layer of a
   [L, B, Hkv, S, D] cache plus the T new keys under a [B, T, T] mask; it also
   stores the new K/V in that layer (the cache is threaded through the layers).
@@ -216,9 +217,10 @@ def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps:
 
     norm_weight [K]: RMSNorm x first (each of `segments` equal parts of K
     on its own), as the XLA path does in the weight's dtype (f32 statistics;
-    the normalised x and its product with the gain each rounded). residual [..., N]: return residual + y, y rounded first
-    (`h + x @ W`). swiglu: W is [gate | up] with N/2 a multiple of 64;
-    returns silu(gate) * up, [..., N/2], each factor rounded first.
+    the normalised x and its product with the gain each rounded).
+    residual [..., N]: return residual + y, y rounded first (`h + x @ W`).
+    swiglu: W is [gate | up] with N/2 a multiple of 64; returns
+    silu(gate) * up, [..., N/2], each factor rounded first.
     """
     require()
     if x.shape[-1] != pw.k:
