@@ -23,8 +23,11 @@ Implementations (``impl``):
   weight under ``"native"`` takes the XLA path (packing per call would cost
   more than it saves). Decoding packs its weights when `resolve_impl` says
   ``"native"`` (`eagle_jax.models.target.prepare_for_decoding`).
-* ``"auto"``: ``pallas`` on GPU and TPU; on CPU ``native`` when the C++
-  library builds and loads here, else ``xla``.
+* ``"auto"``: ``pallas`` on TPU; ``xla`` on GPU, until the Triton kernel is
+  measured faster than XLA there (none has been: no GPU has been lent, and
+  the Triton lowering is deprecated in jax 0.11; `benchmarks/device_check.py`
+  times both); on CPU ``native`` when the C++ library builds and loads here,
+  else ``xla``. `auto_impl(backend)` is that rule.
 
 The environment variable ``EAGLE_JAX_KERNEL_IMPL`` (one of the impl names)
 overrides ``impl`` for every call.
@@ -242,6 +245,17 @@ def _check_norm_weights(norm_weights, k, segments):
     return g
 
 
+def auto_impl(backend: str) -> str:
+    """What ``impl="auto"`` runs on `backend` (a `jax.default_backend()` name):
+    Pallas (Mosaic) on TPU; XLA on GPU until the Triton kernel is measured
+    faster there; on CPU the native kernels when they load, else XLA."""
+    if backend == "tpu":
+        return "pallas"
+    if backend == "cpu":
+        return "native" if cpu.available() else "xla"
+    return "xla"
+
+
 def resolve_impl(impl: str) -> str:
     """The impl that runs: ``$EAGLE_JAX_KERNEL_IMPL`` over ``impl``, "auto" resolved."""
     forced = os.environ.get(ENV_VAR)
@@ -251,9 +265,7 @@ def resolve_impl(impl: str) -> str:
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel impl {impl!r} (from {source}); expected one of {IMPLS}")
     if impl == "auto":
-        if jax.default_backend() != "cpu":
-            return "pallas"
-        return "native" if cpu.available() else "xla"
+        return auto_impl(jax.default_backend())
     if impl == "native":
         cpu.require()
     return impl
