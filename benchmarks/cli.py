@@ -27,10 +27,12 @@ docs/benchmarks.md is re-rendered from every JSON there.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 
+from eagle_jax.cli import add_disable_by_batch_size
 from eagle_jax.config import SpecConfig
 
 _DEFAULT_TREE = f"{SpecConfig.tree_top_k}x{SpecConfig.tree_depth}x{SpecConfig.tree_total_tokens}"
@@ -82,6 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-lengths", type=_ints, default=None, help="long-context sizes (tokens); 0 = none")
     p.add_argument("--long-per-length", type=int, default=None)
     p.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds per workload")
+    add_disable_by_batch_size(p)
     p.add_argument("--peers", type=_strs, default=["transformers", "transformers-pld", "llama.cpp"],
                    help="peer engines (transformers, transformers-pld, llama.cpp); 'none' for none")
     p.add_argument("--peer-threads", default="auto",
@@ -209,6 +212,7 @@ def run_speed(args, log) -> dict:
     engines: dict = {}
 
     def gen(drafter=None, spec=SpecConfig()):
+        spec = dataclasses.replace(spec, disable_by_batch_size=args.disable_by_batch_size)
         return Shaped(target.cfg, target.params, target.tokenizer, drafter=drafter, spec=spec)
 
     engines["plain"] = H.EagleEngine("plain", gen(), method="plain")

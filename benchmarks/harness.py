@@ -234,6 +234,7 @@ class EagleEngine:
             d["spec"] = dataclasses.asdict(s)
             d["setting"] = (f"k={s.num_speculative_tokens}" if s.method == "chain"
                             else f"top_k={s.tree_top_k} depth={s.tree_depth} total={s.tree_total_tokens}")
+            d["disable_by_batch_size"] = self.gen.disable_by_batch_size  # larger batches ran plainly
         return d
 
     # -- compiled shapes

@@ -50,6 +50,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-top-k", type=int, default=SpecConfig.tree_top_k)
     p.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth)
     p.add_argument("--tree-total-tokens", type=int, default=SpecConfig.tree_total_tokens)
+    add_disable_by_batch_size(p)
     add_aux_semantics_argument(p)
 
 
@@ -59,6 +60,21 @@ def add_aux_semantics_argument(p: argparse.ArgumentParser) -> None:
                    help="read the drafter's aux layer ids as outputs of layers (sglang, specforge, "
                         "output: +1) or as inputs (vllm, safeailab, speculators, input); default: "
                         "the rule for the config's publisher (README, Drafters)")
+
+
+def _batch_limit(s: str) -> int | str | None:
+    s = s.strip().lower()
+    if s in ("auto", "none"):
+        return None if s == "none" else s
+    if not s.isdigit() or int(s) < 1:
+        raise argparse.ArgumentTypeError(f"expected a batch size >= 1, 'none' or 'auto', got {s!r}")
+    return int(s)
+
+
+def add_disable_by_batch_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--disable-by-batch-size", type=_batch_limit, default="auto", metavar="N|none|auto",
+                   help="batches of more than N rows decode without speculation (same output); "
+                        "none: always speculate; auto (default): 1 on CPU, none on GPU/TPU")
 
 
 def spec_from_args(args) -> SpecConfig:
@@ -74,7 +90,8 @@ def spec_from_args(args) -> SpecConfig:
     return SpecConfig(method=args.method,
                       num_speculative_tokens=SpecConfig.num_speculative_tokens if k is None else k,
                       tree_top_k=args.tree_top_k, tree_depth=args.tree_depth,
-                      tree_total_tokens=args.tree_total_tokens)
+                      tree_total_tokens=args.tree_total_tokens,
+                      disable_by_batch_size=args.disable_by_batch_size)
 
 
 def generator_from_args(args):
@@ -121,6 +138,11 @@ def _generate(args) -> int:
         return 0
     runs = [gen.generate(prompts, **kw) for _ in range(1 + max(args.repeat, 0))]
     r = runs[0]
+    spec_on = gen.speculates(len(prompts))
+    if gen.speculative and not spec_on:
+        print(f"eagle-jax: a batch of {len(prompts)} prompts is over --disable-by-batch-size "
+              f"({args.disable_by_batch_size}): decoding without speculation, the same output "
+              f"(--disable-by-batch-size none speculates anyway)", file=sys.stderr)
     out = {
         "text": r.texts[0] if len(r.texts) == 1 else r.texts,
         "token_ids": r.token_ids[0] if len(r.token_ids) == 1 else r.token_ids,
@@ -131,9 +153,9 @@ def _generate(args) -> int:
         "tokens_per_s": r.tokens_per_s,
         "ttft_s": r.ttft_s,
         "draft": "none" if not gen.speculative else args.draft,
-        "method": spec.method if gen.speculative else "plain",
+        "method": spec.method if spec_on else "plain",
     }
-    if gen.speculative:
+    if spec_on:
         out.update({k: r.stats[k] for k in ("acceptance_length", "per_position_acceptance",
                                             "num_verify_steps", "draft_acceptance_rate",
                                             "accepted_histogram")})
@@ -149,7 +171,7 @@ def _generate(args) -> int:
     else:
         for text in r.texts:
             print(text)
-        extra = f", tau {out['acceptance_length']:.2f}" if gen.speculative and out.get("acceptance_length") else ""
+        extra = f", tau {out['acceptance_length']:.2f}" if spec_on and out.get("acceptance_length") else ""
         print(f"[{out['num_generated']} tokens, {out['tokens_per_s']:.1f} tok/s{extra}]", file=sys.stderr)
     return 0
 

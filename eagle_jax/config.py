@@ -245,8 +245,15 @@ class SpecConfig:
     tree_top_k: int = 4
     tree_depth: int = 3
     tree_total_tokens: int = 12
+    # Batches of more rows than this decode plainly (vLLM's disable_by_batch_size;
+    # the output is the same either way). None: always speculate; "auto": the
+    # backend's measured default (`runtime.default_disable_by_batch_size`).
+    disable_by_batch_size: int | str | None = "auto"
 
     def __post_init__(self):
+        d = self.disable_by_batch_size
+        if not (d is None or d == "auto" or (isinstance(d, int) and not isinstance(d, bool) and d >= 1)):
+            raise ConfigError(f"disable_by_batch_size must be a batch size >= 1, None or 'auto', got {d!r}")
         if self.method not in ("chain", "tree"):
             raise ConfigError(f"method must be 'chain' or 'tree', got {self.method!r}")
         if self.method == "chain" and self.num_speculative_tokens < 1:

@@ -25,7 +25,7 @@ import numpy as np
 from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
-from eagle_jax.runtime import default_dtype, enable_compilation_cache
+from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
@@ -111,7 +111,20 @@ class Generator:
 
     @property
     def speculative(self) -> bool:
+        """A drafter is loaded (whether a given batch speculates: `speculates`)."""
         return self.drafter_cfg is not None
+
+    @property
+    def disable_by_batch_size(self) -> int | None:
+        """`spec.disable_by_batch_size` with "auto" resolved for this backend."""
+        limit = self.spec.disable_by_batch_size
+        return default_disable_by_batch_size() if limit == "auto" else limit
+
+    def speculates(self, batch: int) -> bool:
+        """Whether a batch of this many rows decodes speculatively: a drafter is
+        loaded and the batch is within `disable_by_batch_size`."""
+        limit = self.disable_by_batch_size
+        return self.speculative and (limit is None or batch <= limit)
 
     def eos_ids(self) -> tuple[int, ...]:
         ids = set(self.target_cfg.eos_token_ids)
@@ -148,8 +161,9 @@ class Generator:
             out.append(ids)
         return out
 
-    def _loop_config(self, sampling: SamplingConfig) -> loop.LoopConfig:
-        return loop.LoopConfig(target=self.target_cfg, drafter=self.drafter_cfg, spec=self.spec,
+    def _loop_config(self, sampling: SamplingConfig, speculate: bool) -> loop.LoopConfig:
+        return loop.LoopConfig(target=self.target_cfg, drafter=self.drafter_cfg if speculate else None,
+                               spec=self.spec,
                                sampling=sampling, eos_ids=self.eos_ids(),
                                context_limit=self.context_limit, prefill_chunk=self.prefill_chunk,
                                impl=self.impl)
@@ -165,7 +179,7 @@ class Generator:
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
         # No row can outgrow the context: capping here keeps the output buffer small.
         max_new = [min(m, self.context_limit - len(x)) for m, x in zip(max_new, ids)]
-        lc = self._loop_config(sampling)
+        lc = self._loop_config(sampling, self.speculates(b))
         lens = [len(x) for x in ids]
         min_p, min_cache, min_out = self.min_shapes
         p = _bucket(max(max(lens), min_p), self.prefill_chunk)
@@ -173,7 +187,7 @@ class Generator:
         for r, x in enumerate(ids):
             tokens[r, :len(x)] = x
         final = min(self.context_limit, max(n + m for n, m in zip(lens, max_new)))
-        scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if self.speculative else 2
+        scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if lc.speculative else 2
         cache_len = max(min_cache, 64 * math.ceil((max(p, final) + scratch) / 64))
         out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
         caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
@@ -195,13 +209,14 @@ class Generator:
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         ids, lc, args, static, stops = self._prepare(prompts, max_new_tokens, sampling, seed, chat, stop)
         t0 = time.perf_counter()
-        state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
+        dparams, vocab = self._drafter_for(lc)
+        state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
         jax.block_until_ready(state.pending)
         ttft = time.perf_counter() - t0
-        state = loop.run_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
+        state = loop.run_jit(self.target_params, dparams, vocab, state, lc=lc)
         out = np.asarray(state.out)
         wall = time.perf_counter() - t0
-        return self._result(ids, state, out, ttft, wall, stops)
+        return self._result(ids, lc, state, out, ttft, wall, stops)
 
     def stream(self, prompt, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, chat: bool = True,
@@ -217,9 +232,14 @@ class Generator:
         ids, lc, args, static, stops = self._prepare([prompt], max_new_tokens, sampling, seed, chat, stop)
         return TextStream(self._stream_pieces(ids[0], lc, args, static, stops[0]))
 
+    def _drafter_for(self, lc: loop.LoopConfig):
+        """(drafter params, draft vocab) for a loop, None for both when it decodes plainly."""
+        return (self.drafter_params, self.vocab) if lc.speculative else (None, None)
+
     def _stream_pieces(self, prompt_ids, lc, args, static, stop) -> Iterator[str]:
         """The pieces of :meth:`stream`; returns the finish reason."""
-        state = loop.prefill_jit(self.target_params, self.drafter_params, self.vocab, *args, **static)
+        dparams, vocab = self._drafter_for(lc)
+        state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
         shown = ""
         # Text that could still turn out to start a stop string is held back.
         holdback = max((len(s) for s in stop if s), default=1) - 1
@@ -238,7 +258,7 @@ class Generator:
                 shown = text
             if final:
                 return "stop" if cut is not None else self._finish_reason(len(prompt_ids), toks)
-            state = loop.step_jit(self.target_params, self.drafter_params, self.vocab, state, lc=lc)
+            state = loop.step_jit(self.target_params, dparams, vocab, state, lc=lc)
 
     def _finish_reason(self, prompt_len: int, toks: list[int]) -> str:
         """Why a row without a stop-string hit ended: "eos", "context" or "length"."""
@@ -248,7 +268,7 @@ class Generator:
             return "context"
         return "length"
 
-    def _result(self, ids, state, out, ttft, wall, stops) -> GenerationResult:
+    def _result(self, ids, lc, state, out, ttft, wall, stops) -> GenerationResult:
         gen = np.asarray(state.num_generated)
         token_ids, texts, reasons = [], [], []
         for r, prompt in enumerate(ids):
@@ -264,15 +284,16 @@ class Generator:
             token_ids.append(toks)
             texts.append(text)
             reasons.append(reason)
-        depth = self.spec.depth if self.speculative else 0
-        counters = jax.tree.map(np.asarray, state.stats) if self.speculative else None
+        spec = lc.speculative
+        depth = self.spec.depth if spec else 0
+        counters = jax.tree.map(np.asarray, state.stats) if spec else None
         total = int(sum(len(t) for t in token_ids))
         decode_s = max(wall - ttft, 1e-9)
         return GenerationResult(
             token_ids=token_ids, texts=texts, finish_reasons=reasons,
             prompt_tokens=[len(p) for p in ids],
-            stats=summarize(counters, depth) if self.speculative else {},
-            row_stats=[summarize(counters, depth, rows=[r]) for r in range(len(ids))] if self.speculative else [],
+            stats=summarize(counters, depth) if spec else {},
+            row_stats=[summarize(counters, depth, rows=[r]) for r in range(len(ids))] if spec else [],
             ttft_s=ttft, wall_s=wall, num_generated=total, tokens_per_s=total / max(wall, 1e-9),
             timings={"prefill_s": ttft, "decode_s": decode_s,
                      "decode_tokens_per_s": (total - len(ids)) / decode_s},

@@ -1,4 +1,4 @@
-"""Process-level settings: default dtype per backend, persistent compilation cache."""
+"""Process-level settings: defaults per backend (dtype, when to speculate), persistent compilation cache."""
 
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ def default_dtype() -> str:
     if jax.default_backend() != "cpu":
         return "bfloat16"
     return "bfloat16" if resolve_impl("auto") == "native" else "float32"
+
+
+def default_disable_by_batch_size() -> int | None:
+    """Above which batch size speculation is switched off by default: 1 on CPU,
+    where at batch 4 every measured setting with the shipped drafters was
+    slower than plain decoding (verifying 4 x (k+1) rows turns two cores
+    compute-bound; docs/benchmarks.md "Speculation by batch size"); never on
+    GPU and TPU, reasoned, not measured (no accelerator has been lent)."""
+    return 1 if jax.default_backend() == "cpu" else None
 
 
 def enable_compilation_cache(path: str | None = None) -> str:

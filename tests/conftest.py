@@ -72,3 +72,13 @@ def jit_forward():
     from eagle_jax.models import target
 
     return jax.jit(target.forward, static_argnums=(1,), static_argnames=("aux_layers", "impl"))
+
+
+@pytest.fixture(autouse=True)
+def _speculate_at_every_batch_size(monkeypatch):
+    """Tests check speculative decoding at batch sizes past the CPU default of
+    `disable_by_batch_size` (1): there, "auto" means always speculate.
+    tests/spec/test_disable_by_batch_size.py checks the default itself."""
+    import eagle_jax.generate
+
+    monkeypatch.setattr(eagle_jax.generate, "default_disable_by_batch_size", lambda: None)
