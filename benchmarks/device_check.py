@@ -26,11 +26,12 @@ flax but no gguf / transformers / tokenizers, and nothing large travels):
    drafter must reach to pay). The random drafter accepts almost nothing, so
    its own tokens/s is a floor, not EAGLE's speedup. The outputs are compared too.
 
-Sections run in this order while the time budget lasts (later ones are
-marked skipped); the JSON (`device_check.json` under --output-dir, default
-$OUT, else runs/device_check) is rewritten after each, so a run cut short
-still leaves what it measured. Exit status 1 when a kernel is out of
-tolerance or a row differs beyond a near-tie.
+Sections run in this order (kernels, equivalence per loop impl, speed per
+loop impl) while the time budget lasts (later ones are marked skipped); the
+JSON (`device_check.json` under --output-dir, default $OUT, else
+runs/device_check) is rewritten after each, so a run cut short still leaves
+what it measured. Exit status 1 when a kernel is out of tolerance or a row
+differs beyond a near-tie.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Settings:
     kernel_impl: str  # "pallas" on a device, "interpret" in the dry run
     kernel_targets: tuple  # Pallas kernel bodies to run (None: the backend's)
     kernel_cases: tuple  # (name, M, K, N, segments)
+    kernel_dtypes: tuple
     kernel_iters: int
     loop_impls: tuple
     eq_target: TargetConfig
@@ -160,6 +162,7 @@ def make_settings(dry_run: bool, *, dtype=None, impls=None, budget_s=None, tie_g
     return Settings(
         dry_run=dry_run, dtype=dtype, kernel_impl="interpret" if dry_run else "pallas",
         kernel_targets=(None,), kernel_cases=(cases[0], cases[3]) if dry_run else cases,
+        kernel_dtypes=("bfloat16",) if dry_run else ("float32", "bfloat16"),
         kernel_iters=2 if dry_run else 20,
         loop_impls=tuple(impls) if impls else ("xla",) if dry_run else ("xla", "pallas"),
         **eq, **speed, rounds=1 if dry_run else 3, chain=chain, tree=tree,
@@ -276,7 +279,7 @@ def check_kernel_case(case, dtype: str, settings: Settings, target_body=None, se
 def run_kernels(settings: Settings, out: dict, deadline: float) -> None:
     rows = out.setdefault("kernels", [])
     for tgt in settings.kernel_targets:
-        for dtype in ("float32", "bfloat16"):
+        for dtype in settings.kernel_dtypes:
             for i, case in enumerate(settings.kernel_cases):
                 if time.perf_counter() > deadline:
                     out.setdefault("skipped", []).append(f"kernels {case[0]} {dtype}: over the time budget")
@@ -295,25 +298,46 @@ def first_divergence(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def teacher_forced_logits(gen, ids: list[int]) -> np.ndarray:
-    """The target's float32 logits after `ids`, in one forward with the generator's params and impl."""
-    toks = jnp.asarray([ids], jnp.int32)
-    cache = target.create_cache(gen.target_cfg, 1, len(ids) + 8, gen.target_params["embed"].dtype)
-    pos = jnp.arange(len(ids), dtype=jnp.int32)[None]
+def teacher_forced_logits(gen, ids: list[int], bucket: int = 32) -> np.ndarray:
+    """The target's float32 logits after `ids`, in one forward with the generator's params and impl.
+    The ids are right-padded to a multiple of `bucket` (causal: the padding is never attended)
+    so that prefixes of nearby lengths share one compile."""
+    n = len(ids)
+    width = bucket * -(-n // bucket)
+    toks = jnp.asarray([ids + [0] * (width - n)], jnp.int32)
+    cache = target.create_cache(gen.target_cfg, 1, width, gen.target_params["embed"].dtype)
+    pos = jnp.arange(width, dtype=jnp.int32)[None]
     h, _, _ = target.forward(gen.target_params, gen.target_cfg, toks, pos, cache, impl=gen.impl)
-    return np.asarray(target.logits(gen.target_params, gen.target_cfg, h[:, -1], impl=gen.impl)[0])
+    return np.asarray(target.logits(gen.target_params, gen.target_cfg, h[:, n - 1], impl=gen.impl)[0])
+
+
+def canary(gen, prompts, plain_ids) -> dict:
+    """The comparison must see a difference: plain's first row with one token changed
+    (tie gap 0) has to come back as a MISMATCH at that position."""
+    row = plain_ids[0]
+    j = len(row) // 2
+    changed = row[:j] + [(row[j] + 1) % gen.target_cfg.vocab_size] + row[j + 1:]
+    (got,) = compare_rows(gen, prompts[:1], [row], [changed], tie_gap=0.0)
+    return {"position": j, "caught": got["verdict"] == "MISMATCH" and got.get("position") == j,
+            "plain_is_top1": got.get("plain_below_top1") == 0.0, "result": got}
 
 
 def classify_divergence(logits: np.ndarray, plain_tok: int, spec_tok: int | None, tie_gap: float) -> dict:
-    """Near-tie or mismatch at the first differing position, from the target's logits there."""
+    """Near-tie or mismatch at the first differing position, from the target's logits there.
+
+    The teacher-forced forward is a third rounding of the same sums (one pass
+    over the whole prefix), so either engine's token may be its top-1: a
+    near-tie is the two tokens' logits within `tie_gap` of each other."""
     top2 = np.argsort(logits)[::-1][:2]
     info = {"top2_ids": [int(t) for t in top2], "top2_gap": float(logits[top2[0]] - logits[top2[1]]),
             "plain_token": plain_tok, "spec_token": spec_tok}
     if spec_tok is None:
         return {**info, "verdict": "MISMATCH", "why": "the speculative output is shorter"}
-    deficit = float(logits[top2[0]] - logits[spec_tok])
-    verdict = "near-tie" if deficit <= tie_gap else "MISMATCH"
-    return {**info, "spec_token_below_top1": deficit, "verdict": verdict}
+    between = float(abs(logits[plain_tok] - logits[spec_tok]))
+    verdict = "near-tie" if between <= tie_gap else "MISMATCH"
+    return {**info, "plain_below_top1": float(logits[top2[0]] - logits[plain_tok]),
+            "spec_below_top1": float(logits[top2[0]] - logits[spec_tok]), "logit_gap_between": between,
+            "verdict": verdict}
 
 
 def compare_rows(gen, prompts, plain_ids, spec_ids, tie_gap: float) -> list[dict]:
@@ -384,6 +408,8 @@ def run_decoding(settings: Settings, tcfg: TargetConfig, prompts, max_new: int, 
             continue
         r["rows"] = compare_rows(engines["plain"], prompts, plain["ids"], r["ids"], settings.tie_gap)
         r["break_even_tau"] = r["step_ms"] / plain["step_ms"] if plain.get("step_ms") else None
+    if "ids" in plain and time.perf_counter() <= deadline:
+        result["canary"] = canary(engines["plain"], prompts, plain["ids"])
     for r in runs.values():
         r.pop("ids", None)
     result["engines"] = runs
@@ -434,6 +460,8 @@ def failures(out: dict) -> list[str]:
            for r in out.get("kernels", []) if not r["ok"]]
     for section in ("equivalence", "speed"):
         for res in out.get(section, []):
+            if res.get("canary", {}).get("caught") is False:
+                bad.append(f"{section} {res['impl']}: a changed token was not seen as a mismatch")
             for name, e in res["engines"].items():
                 if "error" in e:
                     bad.append(f"{section} {res['impl']} {name}: {e['error']}")
@@ -446,7 +474,9 @@ def failures(out: dict) -> list[str]:
 
 def _rows_line(rows) -> str:
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("equal", "near-tie", "MISMATCH")}
-    return "/".join(f"{n} {v}" for v, n in counts.items() if n)
+    line = "/".join(f"{n} {v}" for v, n in counts.items() if n)
+    gaps = [r["logit_gap_between"] for r in rows if "logit_gap_between" in r]
+    return line + (f", widest gap {max(gaps):.3f}" if gaps else "")
 
 
 def summary_lines(out: dict) -> list[str]:
@@ -462,8 +492,9 @@ def summary_lines(out: dict) -> list[str]:
         if worst:
             line += f"; worst {worst['impl']} rel err {worst['max_rel_err']:.1e} ({worst['case']} {worst['dtype']})"
         lines.append(line)
+        shown = out["dtype"] if any(r["dtype"] == out["dtype"] for r in ks) else ks[-1]["dtype"]
         for r in ks:
-            if r["impl"] != "xla" and r["form"] == "raw" and r["dtype"] == out["dtype"] and "error" not in r:
+            if r["impl"] != "xla" and r["form"] == "raw" and r["dtype"] == shown and "error" not in r:
                 x = next((q for q in ks if q["impl"] == "xla" and q["case"] == r["case"]
                           and q["dtype"] == r["dtype"] and q["target"] == r["target"]), None)
                 if x and "call_s" in x:
@@ -472,6 +503,8 @@ def summary_lines(out: dict) -> list[str]:
     for section in ("equivalence", "speed"):
         for res in out.get(section, []):
             parts = []
+            if res.get("canary", {}).get("caught") is False:
+                bad.append(f"{section} {res['impl']}: a changed token was not seen as a mismatch")
             for name, e in res["engines"].items():
                 if "error" in e:
                     parts.append(f"{name} ERROR")
@@ -487,6 +520,8 @@ def summary_lines(out: dict) -> list[str]:
                 if e.get("rows"):
                     s += f" [{_rows_line(e['rows'])}]"
                 parts.append(s)
+            if "canary" in res:
+                parts.append("changed-token canary " + ("caught" if res["canary"]["caught"] else "MISSED"))
             lines.append(f"{section} {res['impl']}, batch {res['batch']}, V={res['vocab_size']}: " + "; ".join(parts))
     lines += [f"skipped: {s}" for s in out.get("skipped", [])]
     bad = failures(out)
@@ -518,9 +553,11 @@ def _run(settings: Settings, output_dir: str, log) -> dict:
     out = {"suite": "device", "dry_run": settings.dry_run, "dtype": settings.dtype,
            "environment": environment(settings.dry_run), "settings": dataclasses.asdict(settings), "partial": True}
     steps = [("kernels", lambda: run_kernels(settings, out, deadline))]
-    for impl in settings.loop_impls:
-        steps.append((f"equivalence {impl}", lambda impl=impl: run_equivalence(settings, out, deadline, impl)))
-        steps.append((f"speed {impl}", lambda impl=impl: run_speed(settings, out, deadline, impl)))
+    # Correctness on every impl first, then speed: what a short budget cuts is the least needed.
+    steps += [(f"equivalence {impl}", lambda impl=impl: run_equivalence(settings, out, deadline, impl))
+              for impl in settings.loop_impls]
+    steps += [(f"speed {impl}", lambda impl=impl: run_speed(settings, out, deadline, impl))
+              for impl in settings.loop_impls]
     for name, fn in steps:
         if time.perf_counter() > deadline:
             out.setdefault("skipped", []).append(f"{name}: over the {settings.budget_s:.0f} s budget")

@@ -32,6 +32,8 @@ def test_dry_run_end_to_end(tmp_path, capsys):
             e = res["engines"][name]
             assert [r["verdict"] for r in e["rows"]] == ["equal"] * 3
             assert e["decode_tokens_per_s"] > 0 and e["break_even_tau"] > 0
+        # the comparison sees a changed token, and reads the target's logits there
+        assert res["canary"]["caught"] and res["canary"]["plain_is_top1"]
     # the 8-token vocabulary makes random drafts hit: accepted paths are committed and compacted
     assert all(out["equivalence"][0]["engines"][n]["accepted_tokens"] > 0 for n in ("chain", "tree"))
 
@@ -77,7 +79,9 @@ def test_classify_divergence_near_tie_and_mismatch():
     logits = np.array([0.0, 3.0, 2.95, 1.0])
     near = dc.classify_divergence(logits, plain_tok=1, spec_tok=2, tie_gap=0.1)
     assert near["verdict"] == "near-tie" and near["top2_ids"] == [1, 2]
-    assert near["top2_gap"] == pytest.approx(0.05)
+    assert near["top2_gap"] == pytest.approx(0.05) and near["logit_gap_between"] == pytest.approx(0.05)
+    # the teacher-forced top-1 may be either engine's token: the gap between the two decides
+    assert dc.classify_divergence(logits, plain_tok=2, spec_tok=1, tie_gap=0.1)["verdict"] == "near-tie"
     assert dc.classify_divergence(logits, plain_tok=1, spec_tok=3, tie_gap=0.1)["verdict"] == "MISMATCH"
     assert dc.classify_divergence(logits, plain_tok=1, spec_tok=None, tie_gap=0.1)["verdict"] == "MISMATCH"
 
