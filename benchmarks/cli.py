@@ -11,6 +11,7 @@
     eagle-jax bench --suite learning-curve --draft train/state/eagle3.1 [--label NAME]
                                                     # a learning-curve point (benchmarks/learning_curve.py)
     eagle-jax bench --suite report                  # re-render docs/benchmarks.md
+    eagle-jax bench --suite device [--dry-run]      # first run on a GPU/TPU (scripts/device_check.sh)
 
 Drafters: every `--draft` (a directory or a bundled name), else the bundled
 EAGLE-3 and EAGLE 3.1 drafters of the target when they are shipped. When
@@ -63,9 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "step-cost",
-                                       "learning-curve", "report"],
+                                       "learning-curve", "report", "device"],
                    default="speed")
     p.add_argument("--quick", action="store_true", help="small grid that fits in 10 minutes on a 2-core CPU")
+    p.add_argument("--dry-run", action="store_true",
+                   help="device suite: tiny shapes on CPU, Pallas interpreted (benchmarks/device_check.py)")
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--draft", action="append", default=[],
                    help="drafter directory or bundled name (repeatable); default: the bundled ones")
@@ -373,6 +376,12 @@ def print_summary(result: dict) -> None:
 
 
 def main(args) -> int:
+    if args.suite == "device":
+        from eagle_jax.benchmarks import device_check
+
+        argv = (["--dry-run"] if args.dry_run else []) + (["--output-dir", args.output_dir] if args.output_dir else [])
+        argv += ["--dtype", args.dtype] if args.dtype else []
+        return device_check.main(argv)
     from eagle_jax.benchmarks import harness as H
 
     log = H.Log()

@@ -2,6 +2,7 @@
 
     scripts/device_check.sh                    # on the device: about 4 minutes, one JSON + a summary
     scripts/device_check.sh --dry-run          # the same code on CPU, tiny shapes, Pallas interpreted
+    eagle-jax bench --suite device [--dry-run]   # the same, where the package is installed
     python benchmarks/device_check.py --output-dir DIR [--budget-s 240] [--impls xla,pallas]
 
 Everything runs on random weights made on the device, shaped like

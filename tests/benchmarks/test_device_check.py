@@ -97,3 +97,14 @@ def test_reference_f64_segments():
 def test_bad_dtype_is_refused():
     with pytest.raises(ValueError, match="dtype must be one of"):
         dc.make_settings(True, dtype="float16")
+
+
+def test_bench_suite_device_reaches_the_check():
+    import argparse
+
+    from eagle_jax.benchmarks import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    with pytest.raises(SystemExit, match="the backend is CPU"):
+        cli.main(parser.parse_args(["--suite", "device"]))
