@@ -96,7 +96,7 @@ TINY = TargetConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_l
 
 # Max |y - ref| / max |ref| against the float64 reference, per input dtype.
 KERNEL_TOL = {"float32": 5e-3, "bfloat16": 3e-2}
-# Logit distance below the top-1 within which a differing greedy token counts as a near-tie.
+# Where plain and speculative part: their two tokens' logits (teacher-forced) within this are a near-tie.
 TIE_GAP = {"float32": 0.05, "bfloat16": 0.25}
 
 
