@@ -257,7 +257,7 @@ def run(args, log) -> dict:
     for d in drafters:
         dcfg, dparams, vocab = d["bundle"]
         gen = Generator(t.cfg, t.params, t.tokenizer, drafter=d["bundle"],
-                        spec=SpecConfig(method="chain", num_speculative_tokens=depth))
+                        spec=SpecConfig(method="chain", num_speculative_tokens=depth, disable_by_batch_size=None))
         for p, ctx in prompts:
             t0 = time.perf_counter()
             rec = probe_prompt(t.cfg, t.params, dcfg, dparams, vocab, ids_of[p.id], depth, fns=fns)

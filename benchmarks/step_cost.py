@@ -252,8 +252,10 @@ def run(dtypes=("bfloat16", "float32"), *, quick: bool = False, target: str = "s
         log(f"{dtype} plain forward at {long_context} context: {long:.1f} ms ({long / short:.2f}x of {context})")
         engines = {"plain": plain,
                    f"chain{chain_k}": Generator.load(target, draft="default", dtype=dtype,
-                                                     spec=SpecConfig("chain", num_speculative_tokens=chain_k)),
-                   "tree": Generator.load(target, draft="default", dtype=dtype, spec=SpecConfig("tree"))}
+                                                     spec=SpecConfig("chain", num_speculative_tokens=chain_k,
+                                                                     disable_by_batch_size=None)),
+                   "tree": Generator.load(target, draft="default", dtype=dtype,
+                                          spec=SpecConfig("tree", disable_by_batch_size=None))}
         r["drafter"] = drafter_costs(engines["tree"], context, repeats)
         r["drafter"]["vs_target_m1"] = {k: v / short for k, v in r["drafter"].items() if k != "weight_bytes"}
         steps = steady_steps(engines, max_new, rounds=3 if quick else 5)

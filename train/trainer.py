@@ -369,7 +369,7 @@ def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterCon
     dtype = tparams["embed"].dtype
     dp = jax.tree.map(lambda x: jnp.asarray(x).astype(dtype), dparams)
     gen = Generator(tcfg, tparams, tokenizer, drafter=(dcfg, dp, vocab),
-                    spec=SpecConfig("chain", num_speculative_tokens=k),
+                    spec=SpecConfig("chain", num_speculative_tokens=k, disable_by_batch_size=None),
                     unroll_layers=False)  # acceptance only: the scanned layers compile faster
     t0 = time.perf_counter()
     res = gen.generate([list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens)

@@ -63,3 +63,11 @@ def test_cli_flag():
     assert p.parse_args(["--disable-by-batch-size", "4"]).disable_by_batch_size == 4
     with pytest.raises(SystemExit):
         p.parse_args(["--disable-by-batch-size", "0"])
+
+
+def test_acceptance_tools_always_speculate():
+    """Tools that measure acceptance must not fall back to plain decoding at batch > 1."""
+    from eagle_jax.benchmarks import device_check, learning_curve
+
+    assert all(s.disable_by_batch_size is None for s in learning_curve.ENGINES.values())
+    assert device_check._spec(method="chain").disable_by_batch_size is None
