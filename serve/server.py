@@ -109,8 +109,11 @@ class Service:
         self.batcher = Batcher(generator, self.lock, max_batch=max_batch, window_s=batch_window_s)
 
     def info(self) -> dict:
-        return {"status": "ok", "model": self.model, "draft": self.draft,
+        info = {"status": "ok", "model": self.model, "draft": self.draft,
                 "method": self.gen.spec.method if self.gen.speculative else "plain"}
+        if self.gen.speculative:  # batches of more requests than this decode plainly
+            info["disable_by_batch_size"] = self.gen.disable_by_batch_size
+        return info
 
     def prompts(self, kind: str, body: dict) -> tuple[list[list[int]], dict]:
         """Token-id prompts and generate() keyword arguments of a request."""

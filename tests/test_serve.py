@@ -215,3 +215,11 @@ def test_invalid_json_routes_and_health(served):
     assert status == 200 and json.loads(text)["draft"] == "default"
     status, text = _call(url + "/v1/models")
     assert json.loads(text)["data"][0]["id"] == "smollm2"
+
+
+def test_health_names_the_batch_policy(served):
+    gen, url = served
+    with urllib.request.urlopen(url + "/health", timeout=60) as r:
+        info = json.loads(r.read().decode())
+    assert info["method"] == gen.spec.method
+    assert "disable_by_batch_size" in info and info["disable_by_batch_size"] == gen.disable_by_batch_size
