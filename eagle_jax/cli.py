@@ -141,7 +141,7 @@ def _generate(args) -> int:
     spec_on = gen.speculates(len(prompts))
     if gen.speculative and not spec_on:
         print(f"eagle-jax: a batch of {len(prompts)} prompts is over --disable-by-batch-size "
-              f"({args.disable_by_batch_size}): decoding without speculation, the same output "
+              f"({gen.disable_by_batch_size}): decoding without speculation, the same output "
               f"(--disable-by-batch-size none speculates anyway)", file=sys.stderr)
     out = {
         "text": r.texts[0] if len(r.texts) == 1 else r.texts,

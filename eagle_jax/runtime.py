@@ -21,8 +21,8 @@ def default_dtype() -> str:
 
 def default_disable_by_batch_size() -> int | None:
     """Above which batch size speculation is switched off by default: 1 on CPU,
-    where at batch 4 every measured setting with the shipped drafters was
-    slower than plain decoding (verifying 4 x (k+1) rows turns two cores
+    where at batch 2 and 4 every measured setting with the shipped drafters was
+    slower than plain decoding (verifying B x (k+1) rows turns two cores
     compute-bound; docs/benchmarks.md "Speculation by batch size"); never on
     GPU and TPU, reasoned, not measured (no accelerator has been lent)."""
     return 1 if jax.default_backend() == "cpu" else None

@@ -331,3 +331,17 @@ def test_draft_default_says_what_it_chose(caplog):
         assert resolve_drafter("default", "/models/qwen3", other) is None
     assert "no bundled drafter is registered for target '/models/qwen3' (Qwen/Qwen3-0.6B)" in caplog.text
     assert "decoding without speculation" in caplog.text
+
+
+def test_batch_over_disable_by_batch_size_decodes_plainly(smollm2_target, tmp_path, capsys):
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps("What is 2+2?") + "\n" + json.dumps("Name a colour.") + "\n")
+    common = ["generate", "--prompts-file", str(path), "--max-new-tokens", "6", "--json", "--dtype", "float32"]
+    assert main([*common, "--draft", "none"]) == 0
+    plain = _one_json_object(capsys.readouterr().out)
+    assert main([*common, "--disable-by-batch-size", "1"]) == 0
+    captured = capsys.readouterr()
+    out = _one_json_object(captured.out)
+    assert "over --disable-by-batch-size (1): decoding without speculation" in captured.err
+    assert out["method"] == "plain" and "acceptance_length" not in out
+    assert out["token_ids"] == plain["token_ids"]
