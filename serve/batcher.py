@@ -16,6 +16,10 @@ The batch is padded with finished dummy rows up to a power of two (at most
 `max_batch`), so a handful of compiled shapes serve every batch size. If a
 batch of several requests fails, each request is retried alone, so one
 request's failure is its own.
+
+A job is one prompt with a callback for its outcome. A job cancelled while it
+waits is dropped (its callback gets None); a running batch cannot be stopped:
+it is one compiled loop.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 __all__ = ["Batcher", "BatchSlice"]
 
@@ -39,12 +44,11 @@ class BatchSlice:
 
 @dataclass
 class _Job:
-    ids: list[list[int]]
+    ids: list[int]
     kw: dict
+    deliver: Callable[[BatchSlice | BaseException | None], None]
+    cancelled: Callable[[], bool]
     arrived: float = field(default_factory=time.monotonic)
-    done: threading.Event = field(default_factory=threading.Event)
-    out: BatchSlice | None = None
-    error: BaseException | None = None
 
     @property
     def sampling(self) -> tuple:
@@ -60,7 +64,7 @@ def _padded(n: int, max_batch: int) -> int:
 
 
 class Batcher:
-    """Runs submitted requests on one Generator from a worker thread, batching
+    """Runs submitted prompts on one Generator from a worker thread, batching
     compatible ones. `lock` is held while a batch runs (streams take it too)."""
 
     def __init__(self, generator, lock: threading.Lock, *, max_batch: int = 8, window_s: float = 0.005):
@@ -73,6 +77,7 @@ class Batcher:
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._running = 0  # rows of the batch on the device
         threading.Thread(target=self._work, name="eagle-jax-batcher", daemon=True).start()
 
     def close(self) -> None:
@@ -81,47 +86,58 @@ class Batcher:
             self._closed = True
             self._cv.notify_all()
 
-    def submit(self, ids: list[list[int]], kw: dict) -> BatchSlice:
-        """Run one request (token-id prompts, generate() keywords); blocks until done."""
-        job = _Job(ids, kw)
+    def load(self) -> tuple[int, int]:
+        """(rows running, prompts waiting)."""
+        with self._cv:
+            return self._running, len(self._jobs)
+
+    def submit(self, ids: list[int], kw: dict, deliver, cancelled=lambda: False) -> None:
+        """Queue one token-id prompt with generate() keywords (`seed` a (seed, stream)
+        pair); `deliver` later gets its BatchSlice, its exception, or None when
+        `cancelled()` turned true before it ran. Does not block."""
+        job = _Job(ids, kw, deliver, cancelled)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the server is shutting down")
             self._jobs.append(job)
             self._cv.notify()
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.out
 
     def _take(self) -> list[_Job] | None:
         """Wait for the oldest job, then for the window to close or the batch to fill;
-        return it with every queued job of the same sampling that still fits
-        (None once closed and drained)."""
+        return it with the queued jobs of the same sampling that still fit
+        (None once closed and drained, [] when every waiting job was cancelled)."""
         with self._cv:
             while not self._jobs:
                 if self._closed:
                     return None
                 self._cv.wait()
+            self._drop_cancelled()
+            if not self._jobs:
+                return []
             first = self._jobs[0]
             while True:
                 mates = [j for j in self._jobs if j.sampling == first.sampling]
                 left = first.arrived + self.window_s - time.monotonic()
-                if sum(len(j.ids) for j in mates) >= self.max_batch or left <= 0:
+                if len(mates) >= self.max_batch or left <= 0:
                     break
                 self._cv.wait(left)
-            batch, rows = [], 0
-            for j in mates:
-                if not batch or rows + len(j.ids) <= self.max_batch:
-                    batch.append(j)
-                    rows += len(j.ids)
+            batch = mates[:self.max_batch]
             for j in batch:
                 self._jobs.remove(j)
+            self._running = len(batch)
             return batch
+
+    def _drop_cancelled(self) -> None:
+        for j in [j for j in self._jobs if j.cancelled()]:
+            self._jobs.remove(j)
+            j.deliver(None)
 
     def _work(self) -> None:
         while (batch := self._take()) is not None:
-            self._serve(batch)
+            if batch:
+                self._serve(batch)
+            with self._cv:
+                self._running = 0
 
     def _serve(self, batch: list[_Job]) -> None:
         """Run a batch and hand each job its rows; a failed batch of several jobs
@@ -129,30 +145,23 @@ class Batcher:
         try:
             with self.lock:
                 start = time.monotonic()
-                result, rows, n = self._run(batch)
-            for job, r in zip(batch, rows):
-                job.out = BatchSlice(result, r, n, start - job.arrived)
+                result = self._run(batch)
         except BaseException as e:  # noqa: BLE001 - the waiting request gets the failure
             if len(batch) > 1:
                 for job in batch:
                     self._serve([job])
-                return
-            batch[0].error = e
-        for job in batch:
-            job.done.set()
+            else:
+                batch[0].deliver(e)
+            return
+        for r, job in enumerate(batch):
+            job.deliver(BatchSlice(result, [r], len(batch), start - job.arrived))
 
     def _run(self, batch: list[_Job]):
-        ids, max_new, seeds, stops, rows = [], [], [], [], []
-        for job in batch:
-            rows.append(list(range(len(ids), len(ids) + len(job.ids))))
-            ids += job.ids
-            max_new += [job.kw["max_new_tokens"]] * len(job.ids)
-            seeds += [(job.kw["seed"], i) for i in range(len(job.ids))]
-            stops += [job.kw["stop"]] * len(job.ids)
-        n = len(ids)
+        n = len(batch)
         pad = _padded(n, self.max_batch) - n  # finished after their first token
         temperature, top_p, top_k = batch[0].sampling
-        result = self.gen.generate(ids + [ids[0]] * pad, chat=False, max_new_tokens=max_new + [1] * pad,
-                                   temperature=temperature, top_p=top_p, top_k=top_k,
-                                   seed=seeds + [0] * pad, stop=stops + [[]] * pad)
-        return result, rows, n
+        return self.gen.generate([j.ids for j in batch] + [batch[0].ids] * pad, chat=False,
+                                 max_new_tokens=[j.kw["max_new_tokens"] for j in batch] + [1] * pad,
+                                 temperature=temperature, top_p=top_p, top_k=top_k,
+                                 seed=[j.kw["seed"] for j in batch] + [0] * pad,
+                                 stop=[j.kw["stop"] for j in batch] + [[]] * pad)

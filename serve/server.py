@@ -1,310 +1,494 @@
-"""`eagle-jax serve`: an OpenAI-style HTTP server around one Generator.
+"""`eagle-jax serve`: an OpenAI-compatible HTTP server around one decoding engine.
 
     eagle-jax serve --port 8000                       # SmolLM2 + its bundled EAGLE 3.1 drafter
     curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Endpoints:
-  GET  /health                 {"status": "ok", "model", "draft", "method"}
-  GET  /v1/models              the one model
-  POST /v1/completions         {"prompt": str | [str], ...}       raw text, no chat template
-  POST /v1/chat/completions    {"messages": [{role, content}], ...} the model's chat template
+  GET  /health                  {"status": "ok", "model", "draft", "method", ...}
+  GET  /v1/models, /v1/models/{id}   the one model (any other id: 404)
+  POST /v1/completions          {"prompt": str | [str] | [ids] | [[ids]], ...}  raw text, no chat template
+  POST /v1/chat/completions     {"messages": [{role, content: str | [text parts]}], ...}  chat template
+  GET  /metrics                 Prometheus text, vLLM's metric names (serve/metrics.py)
 
-Request fields (both POSTs): max_tokens (default 128), temperature (0 =
-greedy), top_p, top_k, seed, stop (str or list), stream (chat and single
-completion prompts: server-sent events, one chunk per accepted piece of text).
-`model`, `user` and `stream_options` are accepted and ignored; any other field, `n` > 1 or
-`logprobs` are rejected with 400 naming the field. Responses carry `usage`
-and an `eagle` block (acceptance length, per-position acceptance, tokens/s).
+Request fields: model (omitted or this server's name, else 404), max_tokens /
+max_completion_tokens (the latter wins; default --default-max-tokens),
+temperature (default 0 = greedy), top_p, top_k (0 or -1 = off), seed (default:
+a random one), stop (a string or a list), stream, stream_options.include_usage
+(a last chunk with `usage` and no choices), user. `n` must be 1; `logprobs`,
+penalties, `logit_bias`, `echo`, `suffix` and `best_of` are refused with a 400
+naming the field rather than ignored; so is any unknown field. Responses carry
+`usage` and an `eagle` block (acceptance, tokens/s, batch size, queue time).
 
-Concurrent non-streamed requests with the same sampling settings are batched
-together (serve/batcher.py: static batches of up to `--max-batch` rows, gathered
-for `--batch-window-ms`); a request's output does not depend on what shares its
-batch, and prompt i of a request seeded s samples as row i of
-`Generator.generate(prompts, seed=s)`. Streamed requests run alone, one at a time.
-The `eagle` block reports `batch_size` and `queue_s` (waiting before its batch ran).
+Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}` with a 4xx
+for every bad input: 400 for bad JSON, invalid UTF-8, lone surrogates, NaN or
+Infinity, nesting past 32 levels, bad fields, prompts or limits; 401 for a
+missing or wrong API key (`--api-key`, or $EAGLE_JAX_API_KEY: `Authorization:
+Bearer KEY` on /v1/*); 404 for an unknown model or route; 408 for a body that
+does not arrive within --body-timeout-s; 413 for a body over --max-body-bytes,
+refused from its Content-Length before it is read; a malformed request line or
+header (e.g. `Content-Length: abc`) gets a JSON 400 from the HTTP parser itself.
+A client that disconnects cancels its request (serve/engine.py says how far
+the present engine can honour that) and is reported in one console line.
+
+Stack: FastAPI (Starlette) on uvicorn rather than aiohttp, by fit: it is what
+the OpenAI-compatible peers run (vLLM, SGLang), its pydantic models check the
+request bodies, streaming responses cancel on disconnect, and uvicorn takes a
+socket bound beforehand (a busy port is one line, before the model loads). The
+HTTP layer's cost is not what limits throughput here: a request spends
+milliseconds in it and seconds on the engine, whichever framework is used.
+
+The engine behind the HTTP layer is anything with serve/engine.py's interface
+(submit / events / cancel / load / check); today it is `BatcherEngine`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import hmac
 import json
+import logging
+import os
+import random
+import socket
 import threading
 import time
 import uuid
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 
-from eagle_jax.config import SamplingConfig
-from eagle_jax.serve.batcher import Batcher
+import h11
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["add_arguments", "main", "make_server", "RequestError"]
+from eagle_jax.serve import protocol as P
+from eagle_jax.serve.engine import BatcherEngine, Delta, Done, EngineError, Sampling
+from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from eagle_jax.serve.protocol import ApiError
 
-_SAMPLING_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"}
-_IGNORED_KEYS = {"model", "user", "stream_options"}
-_CHECKED_KEYS = {"n", "logprobs"}  # accepted only with their default meaning
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+__all__ = ["Limits", "create_app", "make_server", "bind", "Server", "add_arguments", "main"]
 
-
-class RequestError(ValueError):
-    """A request the server refuses (HTTP 400), with a message naming the problem."""
-
-
-def _check_fields(body: dict, required: str) -> dict:
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    unknown = set(body) - _SAMPLING_KEYS - _IGNORED_KEYS - _CHECKED_KEYS - {required}
-    if unknown:
-        raise RequestError(f"unknown field(s): {', '.join(sorted(unknown))}")
-    if required not in body:
-        raise RequestError(f"missing field {required!r}")
-    if body.get("n", 1) != 1:
-        raise RequestError("n must be 1 (one completion per prompt)")
-    if body.get("logprobs") not in (None, False):
-        raise RequestError("logprobs are not supported")
-    kw = {"max_new_tokens": body.get("max_tokens", 128), "temperature": body.get("temperature", 0.0),
-          "top_p": body.get("top_p", 1.0), "top_k": body.get("top_k", 0), "seed": body.get("seed", 0)}
-    m = kw["max_new_tokens"]
-    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-        raise RequestError(f"max_tokens must be a positive integer, got {m!r}")
-    for key in ("temperature", "top_p"):
-        if not isinstance(kw[key], (int, float)) or isinstance(kw[key], bool):
-            raise RequestError(f"{key} must be a number, got {kw[key]!r}")
-    for key in ("top_k", "seed"):
-        if not isinstance(kw[key], int) or isinstance(kw[key], bool):
-            raise RequestError(f"{key} must be an integer, got {kw[key]!r}")
-    # Checked here, not in the batch: one bad request must not fail the others.
-    if not 0 <= kw["seed"] < 2 ** 31:
-        raise RequestError(f"seed must be in [0, 2**31), got {kw['seed']}")
-    try:
-        SamplingConfig(temperature=kw["temperature"], top_k=kw["top_k"], top_p=kw["top_p"])
-    except ValueError as e:
-        raise RequestError(str(e)) from None
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise RequestError("stop must be a string or a list of strings")
-    kw["stop"] = stop
-    return kw
+log = logging.getLogger("eagle_jax.serve")
 
 
-def _messages(body: dict) -> list[dict]:
-    msgs = body["messages"]
-    if not isinstance(msgs, list) or not msgs:
-        raise RequestError("messages must be a non-empty list")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise RequestError(f"messages[{i}] must be an object with string 'role' and 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0
+    max_tokens: int = 4096  # most tokens a request may ask for
+    default_max_tokens: int = 128
+    max_prompt_tokens: int | None = None  # None: what the context leaves room for
+    max_prompts: int = 32  # prompts in one /v1/completions request
 
 
-class Service:
-    """The request logic, independent of HTTP: validate, run, shape the response."""
+# ---------------------------------------------------------------------------- the app
 
-    def __init__(self, generator, model_name: str, draft_name: str, *, max_batch: int = 8,
-                 batch_window_s: float = 0.005):
-        self.gen = generator
-        self.model = model_name
-        self.draft = draft_name if generator.speculative else "none"
-        self.lock = threading.Lock()  # one batch or one stream on the engine at a time
-        self.batcher = Batcher(generator, self.lock, max_batch=max_batch, window_s=batch_window_s)
 
-    def info(self) -> dict:
-        info = {"status": "ok", "model": self.model, "draft": self.draft,
-                "method": self.gen.spec.method if self.gen.speculative else "plain"}
-        if self.gen.speculative:  # batches of more requests than this decode plainly
-            info["disable_by_batch_size"] = self.gen.disable_by_batch_size
-        return info
+def create_app(engine, *, model_name: str, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving `engine` (serve/engine.py's interface) as `model_name`."""
+    app = FastAPI(title="eagle-jax", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = Metrics(model_name, engine.load)
+    api = _Api(engine, model_name, limits, metrics)
+    created = int(time.time())
+    app.add_exception_handler(ApiError, lambda _, e: _error(e))
+    app.add_exception_handler(StarletteHTTPException,
+                              lambda r, e: _error(ApiError(e.status_code, f"no route {r.method} {r.url.path}")))
 
-    def prompts(self, kind: str, body: dict) -> tuple[list[list[int]], dict]:
-        """Token-id prompts and generate() keyword arguments of a request."""
-        tok = self.gen.tokenizer
-        if tok is None:
-            raise RequestError("this model has no tokenizer: text requests cannot be encoded")
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, **engine.info()}
+
+    @app.get("/metrics")
+    async def metrics_text():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_auth(api_key))])
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "eagle-jax",
+            "max_model_len": engine.context_limit}
+
+    @v1.get("/models")
+    async def models():
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        api.check_model(model_id)
+        return card
+
+    @v1.post("/completions")
+    async def completions(request: Request):
+        return await api.handle(request, "completion")
+
+    @v1.post("/chat/completions")
+    async def chat(request: Request):
+        return await api.handle(request, "chat")
+
+    app.include_router(v1)
+    return app
+
+
+def _error(e: ApiError) -> JSONResponse:
+    headers = {"connection": "close"} if e.status in (408, 413) else None  # the body may still be coming
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def _auth(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+    return check
+
+
+class _Api:
+    """The two POST endpoints: read, check, tokenize, submit, answer."""
+
+    def __init__(self, engine, model_name: str, limits: Limits, metrics: Metrics):
+        self.engine, self.model, self.limits, self.metrics = engine, model_name, limits, metrics
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model:
+            raise ApiError(404, f"the model {name!r} does not exist: this server serves {self.model!r}",
+                           param="model", code="model_not_found")
+
+    async def handle(self, request: Request, kind: str):
+        body = P.parse_json(await _read_body(request, self.limits))
+        req = P.validated(P.ChatBody if kind == "chat" else P.CompletionBody, body)
+        self.check_model(req.model)
+        sampling = self._sampling(req)
+        prompts = await asyncio.to_thread(self._encode, kind, req)
+        if req.stream and len(prompts) != 1:
+            raise ApiError(400, "stream takes a single prompt", param="prompt")
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}), stream=req.stream)
+                for i, ids in enumerate(prompts)]
+        reply = _Reply(rid, kind, self.model, self.metrics)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _EventStream(reply.events(reqs[0], include_usage), reqs[0], rid)
+        return await reply.whole(reqs, request)
+
+    def _sampling(self, req) -> dict:
+        m = getattr(req, "max_completion_tokens", None) or req.max_tokens or self.limits.default_max_tokens
+        if m > self.limits.max_tokens:
+            raise ApiError(400, f"max_tokens {m} is over this server's limit of {self.limits.max_tokens} "
+                                f"(--max-tokens-limit)", param="max_tokens")
+        top_k = 0 if req.top_k == -1 or req.top_k >= self.engine.vocab_size else req.top_k
+        seed = req.seed if req.seed is not None else random.randrange(2 ** 31)
+        return {"max_tokens": m, "temperature": req.temperature, "top_p": req.top_p, "top_k": top_k,
+                "seed": seed, "stop": P.stops_of(req.stop)}
+
+    def _encode(self, kind: str, req) -> list[list[int]]:
+        """Token ids of each prompt (chat: the rendered template), checked by the engine."""
+        tok = self.engine.tokenizer
         if kind == "chat":
-            kw = _check_fields(body, "messages")
-            if not tok.chat_template:
-                raise RequestError("this model has no chat template: use /v1/completions")
-            texts = [tok.render_chat(_messages(body))]
-            ids = [tok.encode(texts[0], add_special_tokens=False)]
+            if tok is None or not tok.chat_template:
+                raise ApiError(400, "this model has no chat template: use /v1/completions")
+            prompts = [tok.encode(tok.render_chat(P.messages_of(req.messages)), add_special_tokens=False)]
         else:
-            kw = _check_fields(body, "prompt")
-            p = body["prompt"]
-            texts = [p] if isinstance(p, str) else p
-            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-                raise RequestError("prompt must be a non-empty string or a list of them")
-            ids = [tok.encode(t) for t in texts]
-        try:  # the Generator's own checks (context length, vocabulary) as a 400
-            ids = self.gen.encode_prompts(ids, chat=False)
-        except ValueError as e:
-            raise RequestError(str(e)) from None
-        return ids, kw
+            texts = P.prompts_of(req.prompt)
+            if len(texts) > self.limits.max_prompts:
+                raise ApiError(400, f"{len(texts)} prompts: at most {self.limits.max_prompts} per request",
+                               param="prompt")
+            if tok is None and any(isinstance(t, str) for t in texts):
+                raise ApiError(400, "this model has no tokenizer: send token ids", param="prompt")
+            prompts = [tok.encode(t) if isinstance(t, str) else t for t in texts]
+        most = self.limits.max_prompt_tokens
+        for i, ids in enumerate(prompts):
+            if most is not None and len(ids) > most:
+                raise ApiError(400, f"prompt {i} has {len(ids)} tokens: this server takes at most {most} "
+                                    f"(--max-prompt-tokens)", param="prompt")
+            try:
+                self.engine.check(ids)
+            except ValueError as e:
+                raise ApiError(400, str(e), param="messages" if kind == "chat" else "prompt") from None
+        return prompts
 
-    def run(self, kind: str, body: dict) -> dict:
-        ids, kw = self.prompts(kind, body)
+
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    """The body, refused (413) past the size limit -- from Content-Length before
+    reading when it is declared -- and (408) when it does not arrive in time."""
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) > limits.max_body_bytes:
+        raise ApiError(413, f"the body is {int(declared)} bytes: this server takes at most "
+                            f"{limits.max_body_bytes} (--max-body-bytes)")
+    parts, size = [], 0
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise ApiError(413, f"the body is over {limits.max_body_bytes} bytes (--max-body-bytes)")
+                parts.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+class _Reply:
+    """One response's shape (completion or chat), built from engine events."""
+
+    def __init__(self, rid: str, kind: str, model: str, metrics: Metrics):
+        self.rid, self.kind, self.model, self.metrics = rid, kind, model, metrics
+        self.created = int(time.time())
+        self.tokens_sent = 0
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    async def _collect(self, req) -> tuple[str, Done]:
+        text, last = [], None
+        async for ev in req.events():
+            if isinstance(ev, Delta):
+                if last is not None:
+                    self.metrics.gap(ev.t - last)
+                last = ev.t
+                text.append(ev.text)
+            else:
+                self.metrics.done(ev)
+                return "".join(text), ev
+
+    async def whole(self, reqs, request: Request):
+        """The non-streamed response, or nothing once the client has gone (its requests cancelled)."""
+        results = asyncio.ensure_future(asyncio.gather(*(self._collect(r) for r in reqs)))
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not results.done():
+            for r in reqs:
+                r.cancel()
+            log.warning("client disconnected: request %s cancelled", self.rid)
+            results.add_done_callback(lambda f: f.exception())  # finishes with the abort events
+            return Response(status_code=499)
         try:
-            part = self.batcher.submit(ids, kw)
-        except ValueError as e:  # invalid sampling parameters
-            raise RequestError(str(e)) from None
-        res, rows = part.result, part.rows
+            outs = results.result()
+        except EngineError as e:
+            raise ApiError(500, str(e)) from None
+        return self._body(outs)
+
+    def _body(self, outs: list[tuple[str, Done]]) -> dict:
         choices = []
-        for i, r in enumerate(rows):
-            text, reason = res.texts[r], res.finish_reasons[r]
-            c = {"index": i, "finish_reason": _FINISH[reason]}
-            if kind == "chat":
+        for i, (text, d) in enumerate(outs):
+            c = {"index": i, "finish_reason": d.finish_reason, "logprobs": None}
+            if self.kind == "chat":
                 c["message"] = {"role": "assistant", "content": text}
             else:
                 c["text"] = text
             choices.append(c)
-        completion = sum(len(res.token_ids[r]) for r in rows)
-        prompt = sum(res.prompt_tokens[r] for r in rows)
-        out = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-               "object": "chat.completion" if kind == "chat" else "text_completion",
-               "created": int(time.time()), "model": self.model, "choices": choices,
-               "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                         "total_tokens": prompt + completion},
-               "eagle": {"draft": self.draft, "tokens_per_s": completion / max(res.wall_s, 1e-9),
-                         "ttft_s": res.ttft_s, "wall_s": res.wall_s, "batch_size": part.batch_size,
-                         "queue_s": part.queue_s}}
-        if self.gen.speculative:
-            stats = res.stats_of(rows)
-            out["eagle"].update({k: stats.get(k) for k in ("acceptance_length", "per_position_acceptance")})
-        return out
+        prompt = sum(d.prompt_tokens for _, d in outs)
+        completion = sum(d.completion_tokens for _, d in outs)
+        return {**self._head("chat.completion" if self.kind == "chat" else "text_completion"),
+                "choices": choices, "usage": _usage(prompt, completion), "eagle": _eagle(outs)}
 
-    def stream(self, kind: str, body: dict):
-        """Server-sent event payloads (dicts) for a streamed request, then None."""
-        ids, kw = self.prompts(kind, body)
-        if len(ids) != 1:
-            raise RequestError("stream takes a single prompt")
-        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    def _chunk(self, piece: str | None, finish: str | None = None) -> dict:
+        c = {"index": 0, "finish_reason": finish}
+        if self.kind == "chat":
+            c["delta"] = {} if piece is None else {"content": piece}
+        else:
+            c["text"], c["logprobs"] = piece or "", None
+        return {**self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion"),
+                "choices": [c]}
 
-        def chunk(piece, finish=None):
-            c = {"index": 0, "finish_reason": finish}
-            if kind == "chat":
-                c["delta"] = {"content": piece} if piece else {}
-            else:
-                c["text"] = piece
-            return {"id": rid, "object": obj, "created": int(time.time()), "model": self.model, "choices": [c]}
+    async def events(self, req, include_usage: bool):
+        """Server-sent events of one streamed request, ending with [DONE]."""
+        if self.kind == "chat":
+            first = self._chunk("")
+            first["choices"][0]["delta"]["role"] = "assistant"
+            yield _sse(first)
+        last = None
+        try:
+            async for ev in req.events():
+                if isinstance(ev, Delta):
+                    if last is not None:
+                        self.metrics.gap(ev.t - last)
+                    last = ev.t
+                    self.tokens_sent += ev.tokens
+                    yield _sse(self._chunk(ev.text))
+                    continue
+                self.metrics.done(ev)
+                yield _sse(self._chunk(None, ev.finish_reason))
+                if include_usage:
+                    usage = {**self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion"),
+                             "choices": [], "usage": _usage(ev.prompt_tokens, ev.completion_tokens)}
+                    yield _sse(usage)
+        except EngineError as e:  # the headers are out: report it as an event
+            yield _sse(ApiError(500, str(e)).body())
+        yield "data: [DONE]\n\n"
 
-        with self.lock:
-            try:
-                pieces = self.gen.stream(ids[0], chat=False, **kw)
-                for piece in pieces:
-                    yield chunk(piece)
-            except ValueError as e:
-                raise RequestError(str(e)) from None
-        yield chunk("", _FINISH[pieces.finish_reason])
+
+class _EventStream(StreamingResponse):
+    """An SSE response whose request is cancelled when the response ends early
+    (client gone), even before its first byte."""
+
+    def __init__(self, events, req, rid: str):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.req, self.rid = req, rid
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.req.finished:
+                self.req.cancel()
+                log.warning("client disconnected: stream %s cancelled", self.rid)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    service: Service  # set on the subclass made by make_server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt, *args):  # quiet by default; errors still reach the client
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
         pass
 
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
-    def _error(self, status: int, message: str) -> None:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
 
-    def do_GET(self):
-        if self.path == "/health":
-            self._send(200, self.service.info())
-        elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.service.model, "object": "model",
-                                                          "owned_by": "eagle-jax"}]})
-        else:
-            self._error(404, f"no route GET {self.path}")
 
-    def do_POST(self):
-        routes = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
-        kind = routes.get(self.path)
-        if kind is None:
-            return self._error(404, f"no route POST {self.path}")
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _eagle(outs: list[tuple[str, Done]]) -> dict:
+    """The eagle-jax block of a response: engine facts and acceptance over its prompts."""
+    done = [d for _, d in outs]
+    out = {**done[0].extra, "ttft_s": done[0].ttft_s, "wall_s": max(d.wall_s for d in done)}
+    specs = [d.spec for d in done if d.spec is not None]
+    if specs:
+        drafts = sum(s.drafts for s in specs)
+        per_pos = [sum(p) for p in zip(*(s.per_position for s in specs))]
+        out["acceptance_length"] = 1 + sum(s.accepted for s in specs) / drafts if drafts else None
+        out["per_position_acceptance"] = [p / drafts for p in per_pos] if drafts else []
+    return out
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+class _JsonErrorsH11(H11Protocol):
+    """uvicorn's h11 protocol, answering a request it cannot parse with a JSON 400."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = ApiError(400, f"malformed HTTP request: {msg}").body()
+        data = JSONResponse(body).body
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=data),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+class PortInUse(OSError):
+    """The address cannot be bound."""
+
+
+def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """A listening socket, or PortInUse with a one-line reason."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror.lower()}"
+                        + (" (another server? pick one with --port)" if port else "")) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Server:
+    """A bound server: `serve_forever()` on some thread, `shutdown()` from another,
+    then `server_close()` (the socket and the engine)."""
+
+    def __init__(self, app, sock: socket.socket, engine):
+        self.sock, self.engine = sock, engine
+        self.server_address = sock.getsockname()[:2]
+        config = uvicorn.Config(app, http=_JsonErrorsH11, lifespan="off", log_config=None, access_log=False,
+                                timeout_graceful_shutdown=2, timeout_keep_alive=5)
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
+
+    def serve_forever(self) -> None:
         try:
-            n = int(self.headers.get("Content-Length") or 0)
-            try:
-                body = json.loads(self.rfile.read(n) or b"null")
-            except (ValueError, UnicodeDecodeError) as e:
-                raise RequestError(f"the request body is not valid JSON: {e}") from None
-            if isinstance(body, dict) and body.get("stream"):
-                return self._stream(kind, body)
-            self._send(200, self.service.run(kind, body))
-        except RequestError as e:
-            self._error(400, str(e))
-        except Exception as e:  # noqa: BLE001 - the client gets the cause, the server keeps running
-            self._error(500, f"{type(e).__name__}: {e}")
+            self._uvicorn.run(sockets=[self.sock])
+        finally:
+            self._stopped.set()
 
-    def _stream(self, kind: str, body: dict) -> None:
-        events = self.service.stream(kind, body)
-        first = next(events)  # validation errors surface here, before any bytes are sent
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        try:
-            for event in _chain(first, events):  # each piece goes out as soon as it is accepted
-                self._event(event)
-        except Exception as e:  # noqa: BLE001 - headers are out: report it as an event, not a 500
-            self._event({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+    def shutdown(self) -> None:
+        self._uvicorn.should_exit = True
+        self._stopped.wait(30)
 
-    def _event(self, payload: dict) -> None:
-        self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
-        self.wfile.flush()
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
+    def server_close(self) -> None:
+        self.engine.close()
+        self.sock.close()
 
 
 def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "eagle-jax",
-                draft_name: str = "none", max_batch: int = 8, batch_window_s: float = 0.005
-                ) -> ThreadingHTTPServer:
-    """An HTTP server (not yet started: call serve_forever) around `generator`."""
-    service = Service(generator, model_name, draft_name, max_batch=max_batch, batch_window_s=batch_window_s)
-    handler = type("Handler", (_Handler,), {"service": service})
-    return _Server((host, port), handler)
+                draft_name: str = "none", max_batch: int = 8, batch_window_s: float = 0.005,
+                limits: Limits = Limits(), api_key: str | None = None, sock: socket.socket | None = None
+                ) -> Server:
+    """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port."""
+    engine = BatcherEngine(generator, draft_name=draft_name, max_batch=max_batch, batch_window_s=batch_window_s)
+    app = create_app(engine, model_name=model_name, limits=limits, api_key=api_key)
+    return Server(app, sock if sock is not None else bind(host, port), engine)
 
 
-class _Server(ThreadingHTTPServer):
-    def server_close(self) -> None:
-        super().server_close()
-        self.RequestHandlerClass.service.batcher.close()
+# ---------------------------------------------------------------------------- the command line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from eagle_jax.cli import add_model_arguments
 
-    p.add_argument("--host", default="127.0.0.1")
+    d = Limits()
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch", type=int, default=8,
                    help="most prompts batched together across concurrent requests (1 = no batching)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the oldest waiting request waits for others to batch with")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
+    p.add_argument("--api-key", default=os.environ.get("EAGLE_JAX_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $EAGLE_JAX_API_KEY, else none)")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
+                   help="a request body must arrive within this time (else 408)")
+    p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens, help="largest max_tokens accepted")
+    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
+                   help="max_tokens of a request that sets none")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted, in tokens (default: what the context leaves room for)")
     add_model_arguments(p)
 
 
 def main(args) -> int:
     from eagle_jax.cli import generator_from_args
 
+    _console_log()
+    try:
+        sock = bind(args.host, args.port)  # before loading: a busy port fails in a second
+    except PortInUse as e:
+        print(f"eagle-jax serve: error: {e}", flush=True)
+        return 1
     gen = generator_from_args(args)
-    server = make_server(gen, args.host, args.port, model_name=args.target, draft_name=args.draft,
-                         max_batch=args.max_batch, batch_window_s=args.batch_window_ms / 1000)
-    print(f"eagle-jax serve: http://{args.host}:{server.server_address[1]} "
-          f"(target {args.target}, draft {args.draft if gen.speculative else 'none'})", flush=True)
+    limits = Limits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
+                    max_tokens=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
+                    max_prompt_tokens=args.max_prompt_tokens)
+    name = args.served_model_name or args.target
+    server = make_server(gen, model_name=name, draft_name=args.draft, max_batch=args.max_batch,
+                         batch_window_s=args.batch_window_ms / 1000, limits=limits, api_key=args.api_key, sock=sock)
+    host, port = server.server_address
+    print(f"eagle-jax serve: http://{host}:{port} (model {name!r}, draft "
+          f"{args.draft if gen.speculative else 'none'}{', API key required' if args.api_key else ''})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -312,3 +496,14 @@ def main(args) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _console_log() -> None:
+    """One line per event on stderr: this server's and uvicorn's warnings, no access log."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("eagle-jax serve: %(message)s"))
+    for name in ("eagle_jax.serve", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False

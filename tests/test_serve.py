@@ -1,171 +1,412 @@
-"""`eagle-jax serve`: OpenAI-style endpoints return what the Generator returns."""
+"""`eagle-jax serve` through the official `openai` client and raw sockets.
+
+One Generator (SmolLM2 + its bundled drafter, fp32) serves every test; its
+padded shapes are pinned (`min_shapes`) so requests of different lengths share
+compiled programs. Answers are compared with the Generator's own, bad input
+with OpenAI-style JSON errors, and a load of concurrent clients (some
+streaming, some leaving early) with the same requests sent alone.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
+import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
-from eagle_jax.serve.server import make_server
+from eagle_jax.serve.server import Limits, PortInUse, bind, make_server
 
 CHAT = [{"role": "user", "content": "Name three primary colours."}]
+QUESTIONS = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French.", "Name a large animal.",
+             "What colour is the sky?", "Count to five.", "Name a fruit.", "What is the capital of Italy?"]
+MODEL = "smollm2"
 
 
 @pytest.fixture(scope="module")
-def served(smollm2_target):
+def gen(smollm2_target):
     t = smollm2_target
     drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
-    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter)
-    server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield gen, f"http://127.0.0.1:{server.server_address[1]}"
+    g = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter)
+    g.min_shapes = (128, 256, 64)  # prompts <= 128 tokens, max_tokens <= 48: one shape per batch size
+    return g
+
+
+def _start(gen, **kw):
+    server = make_server(gen, "127.0.0.1", 0, model_name=MODEL, draft_name="default", **kw)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def served(gen):
+    server, url = _start(gen, limits=Limits(body_timeout_s=1.0, max_tokens=256))
+    yield gen, url
     server.shutdown()
     server.server_close()
 
 
-def _call(url, body=None, raw=None):
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[1] + "/v1", api_key="unused", max_retries=0, timeout=600)
 
 
-def test_chat_completion_equals_generator(served):
-    gen, url = served
-    status, text = _call(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "model": "x"})
-    assert status == 200, text
-    out = json.loads(text)
-    ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
-    assert out["choices"][0]["message"] == {"role": "assistant", "content": ref.texts[0]}
-    assert out["choices"][0]["finish_reason"] == ("length" if ref.finish_reasons[0] == "length" else "stop")
-    assert out["usage"]["completion_tokens"] == len(ref.token_ids[0])
-    assert out["usage"]["prompt_tokens"] == ref.prompt_tokens[0]
-    assert out["eagle"]["draft"] == "default" and out["eagle"]["acceptance_length"] >= 1.0
+def _alone(gen, messages, **kw):
+    return gen.generate([gen.tokenizer.apply_chat(messages)], chat=False, **kw)
 
 
-def test_completions_batch_and_stop(served):
-    gen, url = served
+def _ask(client, content, **kw):
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kw)
+
+
+def _streamed(stream) -> tuple[str, list]:
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+# ---------------------------------------------------------------------------- answers
+
+
+def test_chat_completion_equals_generator(served, client):
+    gen, _ = served
+    out = client.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=12)
+    ref = _alone(gen, CHAT, max_new_tokens=12)
+    assert out.choices[0].message.content == ref.texts[0]
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].finish_reason == ("length" if ref.finish_reasons[0] == "length" else "stop")
+    assert out.usage.completion_tokens == len(ref.token_ids[0])
+    assert out.usage.prompt_tokens == ref.prompt_tokens[0]
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    eagle = out.model_extra["eagle"]
+    assert eagle["acceptance_length"] >= 1.0 and eagle["batch_size"] == 1
+
+
+def test_list_content_is_the_joined_text(served, client):
+    parts = [{"type": "text", "text": "Name three"}, {"type": "text", "text": "primary colours."}]
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=6)
+    joined = _ask(client, "Name three\nprimary colours.", max_tokens=6)
+    assert out.choices[0].message.content == joined.choices[0].message.content
+
+
+def test_completions_prompts_and_stop(served, client):
+    gen, _ = served
     prompts = ["The capital of France is", "1, 2, 3, 4,"]
-    status, text = _call(url + "/v1/completions", {"prompt": prompts, "max_tokens": 10, "stop": [","]})
-    assert status == 200, text
-    out = json.loads(text)
+    out = client.completions.create(model=MODEL, prompt=prompts, max_tokens=10, stop=[","])
     ref = gen.generate(prompts, max_new_tokens=10, chat=False, stop=[","])
-    assert [c["text"] for c in out["choices"]] == ref.texts
-    assert all("," not in c["text"] for c in out["choices"])
+    assert [c.text for c in out.choices] == ref.texts
+    assert [c.index for c in out.choices] == [0, 1]
+    assert all("," not in c.text for c in out.choices)
+    assert out.usage.completion_tokens == sum(len(t) for t in ref.token_ids)
 
 
-def test_stream_concatenates_to_the_full_answer(served):
-    gen, url = served
-    status, text = _call(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
-    assert status == 200, text
-    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
-    assert streamed == ref.texts[0]
-    assert ref.finish_reasons == ["length"]  # 12 tokens do not finish this answer
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+def test_token_id_prompt(served, client):
+    gen, _ = served
+    ids = gen.tokenizer.encode("The capital of France is")
+    out = client.completions.create(model=MODEL, prompt=ids, max_tokens=6)
+    assert out.choices[0].text == gen.generate([ids], max_new_tokens=6, chat=False).texts[0]
 
 
-def test_stream_stop_string_finishes_with_stop(served):
-    gen, url = served
-    ref = gen.generate([gen.tokenizer.apply_chat(CHAT)], max_new_tokens=12, chat=False)
+def test_stream_with_usage_equals_the_whole_answer(served, client):
+    gen, _ = served
+    ref = _alone(gen, CHAT, max_new_tokens=12)
+    text, chunks = _streamed(client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=12, stream=True, stream_options={"include_usage": True}))
+    assert text == ref.texts[0]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == []  # the usage chunk
+    assert chunks[-1].usage.completion_tokens == len(ref.token_ids[0])
+    assert chunks[-1].usage.prompt_tokens == ref.prompt_tokens[0]
+    _, plain = _streamed(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, stream=True))
+    assert all(c.usage is None for c in plain) and plain[-1].choices  # no usage unless asked for
+
+
+def test_stream_stop_string_finishes_with_stop(served, client):
+    gen, _ = served
+    ref = _alone(gen, CHAT, max_new_tokens=12)
     stop = ref.texts[0].split()[1]
-    status, text = _call(url + "/v1/chat/completions",
-                         {"messages": CHAT, "max_tokens": 12, "stream": True, "stop": stop})
-    assert status == 200, text
-    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    assert stop not in streamed and ref.texts[0].startswith(streamed)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    text, chunks = _streamed(client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=12, stream=True, stop=stop, stream_options={"include_usage": True}))
+    alone = _alone(gen, CHAT, max_new_tokens=12, stop=[stop])
+    assert stop not in text and text == alone.texts[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == len(alone.token_ids[0])
+
+
+def test_completion_stream(served, client):
+    gen, _ = served
+    stream = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, stream=True)
+    text = "".join(c.choices[0].text for c in stream)
+    assert text == gen.generate(["The capital of France is"], max_new_tokens=8, chat=False).texts[0]
+
+
+def test_seed_makes_sampling_repeatable(served, client):
+    gen, _ = served
+    body = dict(max_tokens=8, temperature=0.8, extra_body={"top_k": 20})
+    first = _ask(client, QUESTIONS[0], seed=11, **body).choices[0].message.content
+    again = _ask(client, QUESTIONS[0], seed=11, **body).choices[0].message.content
+    ref = _alone(gen, [{"role": "user", "content": QUESTIONS[0]}], max_new_tokens=8, temperature=0.8, top_k=20,
+                 seed=11)
+    assert first == again == ref.texts[0]
+    streamed, _ = _streamed(_ask(client, QUESTIONS[0], seed=11, stream=True, **body))
+    assert streamed == first
 
 
 def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
-    gen, url = served
+    from eagle_jax.spec import loop
+
+    _, url = served
 
     def broken(*args, **kwargs):
-        yield "Red"
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(gen, "_stream_pieces", broken)
-    status, text = _call(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
+    monkeypatch.setattr(loop, "step_jit", broken)
+    status, text, _ = _post(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
     assert status == 200  # the headers were already sent when it failed
     events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
-    assert json.loads(events[0])["choices"][0]["delta"] == {"content": "Red"}
-    assert json.loads(events[1])["error"] == {"message": "RuntimeError: device lost", "type": "server_error",
-                                              "code": 500}
-    assert events[2:] == ["[DONE]"]
+    assert json.loads(events[-2])["error"]["message"] == "RuntimeError: device lost"
+    assert json.loads(events[-2])["error"]["type"] == "server_error"
+    assert events[-1] == "[DONE]"
 
 
-def _concurrently(url, bodies):
-    """POST every body at once (one thread each); the parsed replies in order."""
-    out = [None] * len(bodies)
+def test_models_health_and_unknown_model(served, client):
+    gen, url = served
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("gpt-4o")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=CHAT, max_tokens=2)
+    assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
+    status, text, _ = _get(url + "/health")
+    info = json.loads(text)
+    assert status == 200 and info["draft"] == "default" and info["method"] == gen.spec.method
+    assert info["disable_by_batch_size"] == gen.disable_by_batch_size
+    assert _get(url + "/v1/nothing")[0] == 404
 
-    def send(i):
-        status, text = _call(url + "/v1/chat/completions", bodies[i])
-        assert status == 200, text
-        out[i] = json.loads(text)
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+def test_metrics_use_vllm_names(served, client):
+    _, url = served
+    _ask(client, QUESTIONS[1], max_tokens=6)
+    status, text, headers = _get(url + "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:time_to_first_token_seconds",
+                 "vllm:inter_token_latency_seconds", "vllm:generation_tokens", "vllm:prompt_tokens",
+                 "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos",
+                 "vllm:request_success", "vllm:e2e_request_latency_seconds"):
+        assert name in fams, name
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    label = (("model_name", MODEL),)
+    assert value[("vllm:generation_tokens_total", label)] >= 6
+    assert value[("vllm:num_requests_running", label)] == 0
+    drafts = value[("vllm:spec_decode_num_drafts_total", label)]
+    accepted = value[("vllm:spec_decode_num_accepted_tokens_total", label)]
+    assert drafts > 0 and 0 <= accepted <= value[("vllm:spec_decode_num_draft_tokens_total", label)]
+    per_pos = [v for (n, lab), v in value.items() if n == "vllm:spec_decode_num_accepted_tokens_per_pos_total"]
+    assert per_pos and sum(per_pos) == accepted
+    assert value[("vllm:time_to_first_token_seconds_count", label)] > 0
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("body, param, match", [
+    ({"max_tokens": 5}, "messages", "missing field 'messages'"),
+    ({"messages": CHAT, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"messages": CHAT, "max_tokens": 10 ** 6}, "max_tokens", "over this server's limit of 256"),
+    ({"messages": CHAT, "max_tokens": "5"}, "max_tokens", "valid integer"),
+    ({"messages": CHAT, "temprature": 0.5}, "temprature", "unknown field 'temprature'"),
+    ({"messages": [], "max_tokens": 5}, "messages", "at least 1"),
+    ({"messages": [{"role": "user"}]}, "messages.0.content", "string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content", "only text parts"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", "'system'"),
+    ({"messages": CHAT, "n": 2}, "n", "n must be 1"),
+    ({"messages": CHAT, "logprobs": True}, "logprobs", "logprobs are not supported"),
+    ({"messages": CHAT, "top_p": 1.5}, "top_p", "less than or equal to 1"),
+    ({"messages": CHAT, "seed": -3}, "seed", "greater than or equal to 0"),
+    ({"messages": CHAT, "stop": [1]}, "stop", "stop must be a string"),
+    ({"messages": CHAT, "stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+    ({"messages": [{"role": "user", "content": "word " * 9000}]}, "messages", "context"),
+])
+def test_bad_chat_requests_get_400_naming_the_field(served, body, param, match):
+    _, url = served
+    status, text, _ = _post(url + "/v1/chat/completions", body)
+    assert status == 400, text
+    err = json.loads(text)["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert re.search(match, err["message"]), err
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"prompt": ""}, "prompt must be"),
+    ({"prompt": [[]]}, "prompt must be"),
+    ({"prompt": [10 ** 9]}, "outside the vocabulary"),
+    ({"prompt": "hi", "logprobs": 2}, "logprobs are not supported"),
+    ({"prompt": "hi", "echo": True}, "echo is not supported"),
+    ({"prompt": ["a", "b"], "stream": True}, "stream takes a single prompt"),
+])
+def test_bad_completion_requests_get_400(served, body, match):
+    _, url = served
+    status, text, _ = _post(url + "/v1/completions", body)
+    assert status == 400, text
+    assert re.search(match, json.loads(text)["error"]["message"]), text
+
+
+def test_openai_client_sees_bad_requests(client):
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model=MODEL, messages=CHAT, logprobs=True, max_tokens=2)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}', "Infinity is not a JSON number"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN is not a JSON number"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}', "temperature: .*finite number"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "lone surrogate"),
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}', "not valid UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper than 32"),
+    (b'{"messages": ' + b"[" * 40 + b"]" * 40 + b"}", "nested deeper than 32"),
+    (b"{not json", "not valid JSON"),
+    (b'["a list"]', "must be a JSON object"),
+])
+def test_malformed_bodies_get_400(served, raw, match):
+    _, url = served
+    status, text, _ = _post(url + "/v1/chat/completions", raw=raw)
+    assert status == 400, text
+    assert re.search(match, json.loads(text)["error"]["message"]), text
+
+
+def _raw_exchange(url: str, head: bytes, body: bytes = b"", wait_s: float = 30) -> tuple[int, dict, float]:
+    """Send bytes on a fresh connection; the status, JSON error and seconds until the reply."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
+        t = time.perf_counter()
+        s.sendall(head + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    status = int(reply.split(b" ", 2)[1])
+    return status, json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"], time.perf_counter() - t
+
+
+def test_bad_content_length_gets_a_json_400(served):
+    _, url = served
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"
+    status, err, _ = _raw_exchange(url, head, b"{}")
+    assert status == 400 and "malformed HTTP request" in err["message"]
+
+
+def test_a_body_that_never_arrives_times_out(served):
+    _, url = served
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    status, err, seconds = _raw_exchange(url, head, b'{"prompt": ')
+    assert status == 408 and "did not arrive within 1 s" in err["message"]
+    assert seconds < 10
+
+
+def test_a_5mb_body_is_refused_before_it_is_read(served):
+    _, url = served
+    body = b'{"prompt": "' + b"word " * 1_000_000 + b'"}'
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    status, err, seconds = _raw_exchange(url, head, body[:65536])
+    assert status == 413 and "at most 1048576" in err["message"]
+    assert seconds < 2  # not tokenized (that takes ~10 s)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 65536]), body[i:i + 65536])
+                       for i in range(0, len(body), 65536)) + b"0\r\n\r\n"
+    status, err, _ = _raw_exchange(url, head, chunked)
+    assert status == 413 and "over 1048576 bytes" in err["message"]
+
+
+def test_api_key(gen):
+    server, url = _start(gen, api_key="sekret")
+    try:
+        bare = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="API key"):
+            bare.models.list()
+        good = openai.OpenAI(base_url=url + "/v1", api_key="sekret", max_retries=0)
+        assert good.models.list().data[0].id == MODEL
+        assert _get(url + "/health")[0] == 200  # health and metrics stay open
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_busy_port_is_one_line(served, capsys):
+    from eagle_jax.cli import main
+
+    port = int(served[1].rsplit(":", 1)[1])
+    with pytest.raises(PortInUse, match=f"cannot listen on 127.0.0.1:{port}: address already in use"):
+        bind("127.0.0.1", port)
+    assert main(["serve", "--port", str(port)]) == 1  # before the model is loaded
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert len(lines) == 1 and "address already in use" in lines[0], lines
+
+
+# ---------------------------------------------------------------------------- load
+
+
+@pytest.fixture(scope="module")
+def batching(gen):
+    """A second server on the same Generator that gathers requests for up to 1 s, 4 at most."""
+    server, url = _start(gen, max_batch=4, batch_window_s=1.0)
+    yield gen, url
+    server.shutdown()
+    server.server_close()
+
+
+def _together(jobs):
+    """Run every callable at once (one thread each); their results in order."""
+    out, errors = [None] * len(jobs), []
+
+    def run(i):
+        try:
+            out[i] = jobs[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return out
 
 
-@pytest.fixture(scope="module")
-def batching(served):
-    """A second server on the same Generator that gathers requests for 3 s."""
-    gen, _ = served
-    server = make_server(gen, "127.0.0.1", 0, draft_name="default", max_batch=4, batch_window_s=3.0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield gen, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-QUESTIONS = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French."]
+def _client(url, **kw):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, **{"timeout": 600, **kw})
 
 
 def test_concurrent_requests_are_batched_and_answer_as_alone(batching):
     gen, url = batching
-    bodies = [{"messages": [{"role": "user", "content": q}], "max_tokens": m}
-              for q, m in zip(QUESTIONS, [12, 6, 9])]
-    bodies[1]["top_k"] = 5  # greedy ignores it: still the same batch
-    replies = _concurrently(url, bodies)
-    for q, m, out in zip(QUESTIONS, [12, 6, 9], replies):
-        assert out["eagle"]["batch_size"] == 3
-        assert 0 <= out["eagle"]["queue_s"] < 60
-        alone = gen.generate([gen.tokenizer.apply_chat([{"role": "user", "content": q}])], max_new_tokens=m,
-                             chat=False)
-        assert out["choices"][0]["message"]["content"] == alone.texts[0]
-        assert out["usage"]["completion_tokens"] == len(alone.token_ids[0])
-        assert out["eagle"]["acceptance_length"] >= 1.0
-
-
-def test_sampled_requests_batch_by_sampling_and_keep_their_seeds(batching):
-    gen, url = batching
-    sampled = {"temperature": 0.8, "top_k": 20, "max_tokens": 8}
-    bodies = [{"messages": [{"role": "user", "content": QUESTIONS[0]}], **sampled, "seed": 11},
-              {"messages": [{"role": "user", "content": QUESTIONS[1]}], **sampled, "seed": 12},
-              {"messages": [{"role": "user", "content": QUESTIONS[2]}], "max_tokens": 8}]
-    replies = _concurrently(url, bodies)
-    assert [r["eagle"]["batch_size"] for r in replies] == [2, 2, 1]  # greedy does not join the sampled batch
-    for body, out in zip(bodies[:2], replies):
-        alone = gen.generate([gen.tokenizer.apply_chat(body["messages"])], max_new_tokens=8, chat=False,
-                             temperature=0.8, top_k=20, seed=body["seed"])
-        assert out["choices"][0]["message"]["content"] == alone.texts[0]
+    c = _client(url)
+    lengths = [12, 6, 9]
+    replies = _together([lambda q=q, m=m: _ask(c, q, max_tokens=m, extra_body={"top_k": 5})
+                         for q, m in zip(QUESTIONS, lengths)])  # greedy ignores top_k: still one batch
+    for q, m, out in zip(QUESTIONS, lengths, replies):
+        assert out.model_extra["eagle"]["batch_size"] == 3
+        alone = _alone(gen, [{"role": "user", "content": q}], max_new_tokens=m)
+        assert out.choices[0].message.content == alone.texts[0]
+        assert out.usage.completion_tokens == len(alone.token_ids[0])
 
 
 def test_a_failing_batch_is_retried_request_by_request(batching, monkeypatch):
@@ -178,48 +419,91 @@ def test_a_failing_batch_is_retried_request_by_request(batching, monkeypatch):
         return real(prompts, **kw)
 
     monkeypatch.setattr(gen, "generate", no_batches)
-    bodies = [{"messages": [{"role": "user", "content": q}], "max_tokens": 5} for q in QUESTIONS[:2]]
-    replies = _concurrently(url, bodies)
-    assert [r["eagle"]["batch_size"] for r in replies] == [1, 1]
-    for body, out in zip(bodies, replies):
-        alone = real([gen.tokenizer.apply_chat(body["messages"])], max_new_tokens=5, chat=False)
-        assert out["choices"][0]["message"]["content"] == alone.texts[0]
+    c = _client(url)
+    replies = _together([lambda q=q: _ask(c, q, max_tokens=5) for q in QUESTIONS[:2]])
+    for q, out in zip(QUESTIONS, replies):
+        assert out.model_extra["eagle"]["batch_size"] == 1
+        assert out.choices[0].message.content == _alone(gen, [{"role": "user", "content": q}],
+                                                        max_new_tokens=5).texts[0]
 
 
-@pytest.mark.parametrize("body, match", [
-    ({"max_tokens": 5}, "missing field 'messages'"),
-    ({"messages": CHAT, "max_tokens": 0}, "max_tokens must be a positive integer"),
-    ({"messages": CHAT, "temprature": 0.5}, "unknown field.*temprature"),
-    ({"messages": [], "max_tokens": 5}, "messages must be a non-empty list"),
-    ({"messages": [{"role": "user"}]}, r"messages\[0\]"),
-    ({"messages": CHAT, "n": 2}, "n must be 1"),
-    ({"messages": CHAT, "top_p": 1.5}, "top_p"),
-    ({"messages": CHAT, "seed": -3}, r"seed must be in \[0, 2\*\*31\)"),
-    ({"messages": [{"role": "user", "content": "word " * 9000}]}, "context"),
-])
-def test_bad_requests_get_400_naming_the_problem(served, body, match):
-    import re
+def _load(url, n_clients: int, caplog) -> None:
+    """n_clients at once: greedy ones (half streaming, mixed lengths), sampled ones
+    and ones that leave early; then every greedy answer against the same request
+    sent alone, and the server back to idle and answering."""
+    c, impatient = _client(url), _client(url, timeout=0.3)
+    greedy = [(QUESTIONS[i % len(QUESTIONS)], 4 + 3 * (i % 5), i % 2 == 1) for i in range(n_clients // 2)]
 
-    _, url = served
-    status, text = _call(url + "/v1/chat/completions", body)
-    assert status == 400, text
-    assert re.search(match, json.loads(text)["error"]["message"]), text
+    def ask(q, m, stream):
+        if stream:
+            return _streamed(_ask(c, q, max_tokens=m, stream=True))[0]
+        return _ask(c, q, max_tokens=m).choices[0].message.content
+
+    def leave_stream(q):
+        stream = _ask(c, q, max_tokens=40, stream=True)
+        next(iter(stream))
+        stream.close()
+
+    def leave_whole(q):
+        with pytest.raises(openai.APITimeoutError):
+            _ask(impatient, q, max_tokens=40)
+
+    jobs = [lambda g=g: ask(*g) for g in greedy]
+    rest = n_clients - len(jobs)
+    for i in range(rest):
+        q = QUESTIONS[i % len(QUESTIONS)]
+        kind = i % 3
+        if kind == 0:
+            jobs.append(lambda q=q, i=i: _ask(c, q, max_tokens=8, temperature=0.8, seed=i, stream=True,
+                                              extra_body={"top_k": 20}))
+        else:
+            jobs.append(lambda q=q, k=kind: leave_stream(q) if k == 1 else leave_whole(q))
+    answers = _together(jobs)[:len(greedy)]
+    for (q, m, _), answer in zip(greedy, answers):
+        assert answer == ask(q, m, False), (q, m)  # the same request alone
+    deadline = time.monotonic() + 120
+    while _running_and_waiting(url) != (0, 0):
+        assert time.monotonic() < deadline, "requests left running after their clients left"
+        time.sleep(0.2)
+    assert _get(url + "/health")[0] == 200
+    assert "client disconnected" in caplog.text
 
 
-def test_invalid_json_routes_and_health(served):
-    _, url = served
-    status, text = _call(url + "/v1/completions", raw=b"{not json")
-    assert status == 400 and "not valid JSON" in text
-    assert _call(url + "/v1/nothing", {})[0] == 404
-    status, text = _call(url + "/health")
-    assert status == 200 and json.loads(text)["draft"] == "default"
-    status, text = _call(url + "/v1/models")
-    assert json.loads(text)["data"][0]["id"] == "smollm2"
+def _running_and_waiting(url):
+    text = _get(url + "/metrics")[1]
+    v = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return v["vllm:num_requests_running"], v["vllm:num_requests_waiting"]
 
 
-def test_health_names_the_batch_policy(served):
-    gen, url = served
-    with urllib.request.urlopen(url + "/health", timeout=60) as r:
-        info = json.loads(r.read().decode())
-    assert info["method"] == gen.spec.method
-    assert "disable_by_batch_size" in info and info["disable_by_batch_size"] == gen.disable_by_batch_size
+def test_load_with_streams_and_clients_leaving(batching, caplog):
+    _load(batching[1], 12, caplog)
+
+
+@pytest.mark.slow
+def test_heavy_load(gen, caplog):
+    server, url = _start(gen, max_batch=8, batch_window_s=0.05)
+    try:
+        _load(url, 32, caplog)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _post(url, body=None, raw=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    return _send(urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}))
+
+
+def _get(url):
+    return _send(urllib.request.Request(url))
+
+
+def _send(req):
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read().decode(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), e.headers
