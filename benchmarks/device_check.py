@@ -9,8 +9,8 @@ Everything runs on random weights made on the device, shaped like
 SmolLM2-135M (no checkpoint, no tokenizer: the device image has jax and
 flax but no gguf / transformers / tokenizers, and nothing large travels):
 
-1. kernels: `fused_norm_matmul` with the Pallas impl of the backend (raw
-   gains and a `FoldedWeight`) against the XLA impl, both against a float64
+1. kernels: `fused_norm_matmul` with the Pallas impl of the backend
+   against the XLA impl, both against a float64
    host reference, on decode / verify / lm_head / EAGLE 3.1 FC / prefill
    shapes, float32 and bfloat16: max abs and relative error, compile and
    per-call time.
@@ -243,8 +243,8 @@ def _kernel_inputs(m, k, n, segments, dtype, seed):
 
 
 def check_kernel_case(case, dtype: str, settings: Settings, target_body=None, seed: int = 0) -> list[dict]:
-    """One shape at one dtype: XLA, then the Pallas impl with raw gains and folded."""
-    from eagle_jax.kernels import fold_norm_into_weight, fused_norm_matmul
+    """One shape at one dtype: XLA, then the Pallas impl."""
+    from eagle_jax.kernels import fused_norm_matmul
 
     name, m, k, n, segments = case
     eps = 1e-5
@@ -253,16 +253,14 @@ def check_kernel_case(case, dtype: str, settings: Settings, target_body=None, se
                         eps=eps, segments=segments)
     tol = KERNEL_TOL[dtype]
     rows, xla_out = [], None
-    variants = [("xla", "raw"), (settings.kernel_impl, "raw"), (settings.kernel_impl, "folded")]
-    for impl, form in variants:
+    for impl in ("xla", settings.kernel_impl):
         row = {"case": name, "shape": [m, k, n], "segments": segments, "dtype": dtype, "impl": impl,
-               "form": form, "target": target_body}
+               "target": target_body}
         try:
             tgt = {} if impl == "xla" else {"target": target_body}
             fn = jax.jit(lambda x, g, w, impl=impl, tgt=tgt: fused_norm_matmul(
                 x, g, w, eps=eps, segments=segments, impl=impl, **tgt))
-            wt, gt = (fold_norm_into_weight(g, w, segments=segments), None) if form == "folded" else (w, g)
-            y, first, per_call = _timed(fn, (x, gt, wt), settings.kernel_iters)
+            y, first, per_call = _timed(fn, (x, g, w), settings.kernel_iters)
             row.update(error_stats(y, ref), compile_s=round(first, 4), call_s=per_call)
             if xla_out is None:
                 xla_out = y
@@ -453,7 +451,7 @@ def environment(dry_run: bool = False) -> dict:
 
 def failures(out: dict) -> list[str]:
     """What makes the check fail: kernels out of tolerance, rows beyond a near-tie, errors."""
-    bad = [f"kernel {r['case']} {r['dtype']} {r['impl']}/{r['form']}"
+    bad = [f"kernel {r['case']} {r['dtype']} {r['impl']}"
            + (f" ({r['target']})" if r.get("target") else "") + (f": {r['error']}" if "error" in r else
                                                                   f": rel err {r['max_rel_err']:.2e}")
            for r in out.get("kernels", []) if not r["ok"]]
@@ -493,7 +491,7 @@ def summary_lines(out: dict) -> list[str]:
         lines.append(line)
         shown = out["dtype"] if any(r["dtype"] == out["dtype"] for r in ks) else ks[-1]["dtype"]
         for r in ks:
-            if r["impl"] != "xla" and r["form"] == "raw" and r["dtype"] == shown and "error" not in r:
+            if r["impl"] != "xla" and r["dtype"] == shown and "error" not in r:
                 x = next((q for q in ks if q["impl"] == "xla" and q["case"] == r["case"]
                           and q["dtype"] == r["dtype"] and q["target"] == r["target"]), None)
                 if x and "call_s" in x:

@@ -6,9 +6,8 @@ Usage: python benchmarks/kernels.py [--json out.json] [--models smollm2,llama]
 For each decode shape it times, under jit on the current backend, after
 warm-up:
 
-* ``fused``: `fused_norm_matmul(x, None, folded, impl="pallas")` with gamma
-  folded into W once beforehand (`fold_norm_into_weight`, outside the timed
-  region), as a decoder would run it;
+* ``fused``: `fused_norm_matmul(x, g, w, impl="pallas")` on the raw gains
+  and weight, as a decoder runs it (the kernel scales x by the gains);
 * ``xla``: `rms_norm_matmul_reference`, i.e. ``jnp.dot(rms_norm(x) * g, w)``.
 
 One sample = ``inner`` back-to-back calls then `block_until_ready` on the
@@ -36,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 try:
-    from eagle_jax.kernels import fold_norm_into_weight, fused_norm_matmul, rms_norm_matmul_reference
+    from eagle_jax.kernels import fused_norm_matmul, rms_norm_matmul_reference
 except ImportError as e:  # pragma: no cover
     sys.exit(f"cannot import eagle_jax.kernels ({e}); run `pip install -e .` in the repository first")
 
@@ -134,9 +133,8 @@ def main(argv=None):
             g = jnp.asarray(rng.uniform(0.5, 1.5, g_shape).astype(np.float32), dtype)
             xla = jax.jit(lambda x, g, w, s=s: rms_norm_matmul_reference(x, g, w, eps=EPS, segments=s))
             if not on_cpu:
-                folded = jax.block_until_ready(fold_norm_into_weight(g, w, segments=s))
-                fused = jax.jit(lambda x, fw, s=s: fused_norm_matmul(
-                    x, None, fw, eps=EPS, segments=s, impl="pallas"))
+                fused = jax.jit(lambda x, g, w, s=s: fused_norm_matmul(
+                    x, g, w, eps=EPS, segments=s, impl="pallas"))
             for m in ms:
                 x = jnp.asarray(rng.standard_normal((m, k), np.float32), dtype)
                 nbytes = (k * n + m * k + m * n) * dtype.itemsize
@@ -144,8 +142,8 @@ def main(argv=None):
                 t_x = _time(xla, (x, g, w), repeats, inner)
                 row.update(xla_us=t_x * 1e6, xla_gbps=nbytes / t_x / 1e9, xla_frac=nbytes / t_x / copy_bw)
                 if not on_cpu:
-                    t_f = _time(fused, (x, folded), repeats, inner)
-                    y_f = np.asarray(fused(x, folded), np.float32)
+                    t_f = _time(fused, (x, g, w), repeats, inner)
+                    y_f = np.asarray(fused(x, g, w), np.float32)
                     y_x = np.asarray(xla(x, g, w), np.float32)
                     rel = float(np.linalg.norm(y_f - y_x) / max(np.linalg.norm(y_x), 1e-30))
                     row.update(fused_us=t_f * 1e6, fused_gbps=nbytes / t_f / 1e9,
@@ -153,8 +151,6 @@ def main(argv=None):
                 rows.append(row)
                 _print_row(row, on_cpu, header=len(rows) == 1)
             del w, g
-            if not on_cpu:
-                del folded
 
     if args.json:
         meta = dict(backend=backend, device_kind=dev.device_kind, jax_version=jax.__version__,

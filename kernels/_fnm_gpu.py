@@ -9,9 +9,10 @@ its [bm, bn] tile with a masked store, so M, N and the segment length need
 not divide the blocks and nothing is read or written out of bounds.
 
 Per segment s (a static Python loop, so a tile never straddles segments):
-acc_s = sum_t x_tile @ W'_tile in f32 and ss_s = sum_t rowsum(x_tile^2);
-then out += acc_s * rsqrt(ss_s / ks + eps). f32 inputs use IEEE f32 dots
-(precision HIGHEST, not TF32).
+acc_s = sum_t (x_tile * g_tile) @ W_tile in f32 and ss_s = sum_t
+rowsum(x_tile^2); then out += acc_s * rsqrt(ss_s / ks + eps). The gains
+scale the [bm, bk] activation tile; W is read as given. f32 inputs use IEEE
+f32 dots (precision HIGHEST, not TF32).
 
 The same body runs under ``interpret=True`` on CPU (the tests).
 """
@@ -55,8 +56,8 @@ def block_sizes(m: int, n: int, ks: int, x_itemsize: int):
     return bm, bn, bk, 4, 3
 
 
-def _kernel(*refs, m, n, ks, seg_rows, segments, bm, bn, bk, eps, precision, has_bias, has_init):
-    x_ref, w_ref, b_ref, (o_ref,) = split_refs(refs, has_bias, has_init)
+def _kernel(*refs, m, n, ks, segments, bm, bn, bk, eps, precision, has_bias, has_init):
+    x_ref, g_ref, w_ref, b_ref, (o_ref,) = split_refs(refs, has_bias, has_init)
 
     j = pl.program_id(0)
     i = pl.program_id(1)
@@ -71,17 +72,18 @@ def _kernel(*refs, m, n, ks, seg_rows, segments, bm, bn, bk, eps, precision, has
         def body(t, carry, s=s):
             acc, ss = carry
             k_ok = (t * bk + jnp.arange(bk)) < ks
-            xt = pltriton.load(
-                x_ref.at[pl.ds(row0, bm), pl.ds(s * ks + t * bk, bk)],
-                mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = pltriton.load(
-                w_ref.at[pl.ds(s * seg_rows + t * bk, bk), pl.ds(col0, bn)],
-                mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            k0 = s * ks + t * bk
+            xt = pltriton.load(x_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)],
+                               mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            gt = pltriton.load(g_ref.at[pl.ds(k0, bk)], mask=k_ok, other=0.0)
+            wt = pltriton.load(w_ref.at[pl.ds(k0, bk), pl.ds(col0, bn)],
+                               mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             if wt.dtype != xt.dtype:
                 wt = wt.astype(xt.dtype)
-            acc = acc + jax.lax.dot(xt, wt, precision=precision,
-                                    preferred_element_type=jnp.float32)
             xf = xt.astype(jnp.float32)
+            xg = (xf * gt.astype(jnp.float32)[None, :]).astype(xt.dtype)
+            acc = acc + jax.lax.dot(xg, wt, precision=precision,
+                                    preferred_element_type=jnp.float32)
             ss = ss + jnp.sum(xf * xf, axis=1)
             return acc, ss
 
@@ -97,16 +99,15 @@ def _kernel(*refs, m, n, ks, seg_rows, segments, bm, bn, bk, eps, precision, has
                    mask=row_ok[:, None] & col_ok[None, :])
 
 
-def run(x2, fw, bias, *, eps, interpret=False, poison=None, blocks=None):
-    """x2 [M, K]; fw a FoldedWeight in any layout; returns [M, N]."""
+def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, blocks=None):
+    """x2 [M, K], g [K] or [S, K/S], w [K, N], bias [N] or None -> [M, N] in x2.dtype."""
     m, k = x2.shape
-    s, n = fw.segments, fw.n
+    s, n = segments, w.shape[1]
     ks = k // s
-    seg_rows = fw.rows_per_segment
     bm, bn, bk, num_warps, num_stages = blocks or block_sizes(
         m, n, ks, jnp.dtype(x2.dtype).itemsize)
     precision = jax.lax.Precision.HIGHEST if x2.dtype == jnp.float32 else None
-    args = [x2, fw.w]
+    args = [x2, g.reshape(k), w]
     if bias is not None:
         args.append(bias)
     aliases = {}
@@ -114,12 +115,12 @@ def run(x2, fw, bias, *, eps, interpret=False, poison=None, blocks=None):
         aliases = {len(args): 0}
         args.append(jnp.full((m, n), poison, x2.dtype))
     kernel = functools.partial(
-        _kernel, m=m, n=n, ks=ks, seg_rows=seg_rows, segments=s, bm=bm, bn=bn, bk=bk,
+        _kernel, m=m, n=n, ks=ks, segments=s, bm=bm, bn=bn, bk=bk,
         eps=eps, precision=precision, has_bias=bias is not None, has_init=poison is not None)
     x_item = jnp.dtype(x2.dtype).itemsize
     cost = pl.CostEstimate(
         flops=2 * m * k * n, transcendentals=m * s,
-        bytes_accessed=x2.size * x_item + fw.w.size * jnp.dtype(fw.w.dtype).itemsize
+        bytes_accessed=x2.size * x_item + w.size * jnp.dtype(w.dtype).itemsize
         + m * n * x_item)
     return pl.pallas_call(
         kernel,

@@ -1,21 +1,24 @@
 """TPU (Mosaic) lowering of fused_norm_matmul.
 
-Grid (M/bm, N/bn, K/bk), K innermost and "arbitrary"; blocks x (bm, bk),
-W' (bk, bn), out (bm, bn). Every block obeys the (8, 128) rule and tiles its
-array exactly: x's rows are zero-padded per call to a multiple of bm (x is
-small), W' comes pre-padded in the "tpu" FoldedWeight layout (each segment's
-rows to a multiple of 128 unless a single full-K block is used; columns to a
-multiple of bn), so no block is partial and nothing relies on out-of-bounds
-reads. Zero rows/columns add nothing to the products or the sums of squares;
-the mean divides by the true segment length.
+Grid (M/bm, N/bn, S * ks/bk), the K steps innermost and "arbitrary". The
+weight is the caller's [K, N] array, read in (bk, bn) blocks and never
+copied: bk divides the segment length ks (a multiple of 128, or the whole
+segment when ks is not a multiple of 128), so a K step never straddles two
+segments; bn is N itself up to 512 columns (1024 when N >= 8192), else that
+cap, with the last N block partial (Pallas pads its reads and drops its
+out-of-bounds writes: the garbage columns of W only reach output columns
+that are never written). The activations are small and re-laid out per
+call: x [M, K] -> [S, M_pad, ks] (rows zero-padded to bm), the gains
+-> [S, 1, ks] in f32, so their blocks (bm, bk) and (1, bk) obey the (8, 128)
+rule whatever ks is. The W block (bk, bn) needs bk % 8 == 0 unless it spans
+the whole K (one segment), hence segment lengths that are multiples of 8.
 
 VMEM scratch, all f32: ``acc`` (bm, bn), the output accumulator; ``seg``
-(bm, bn), the current segment's partial product (only when segments > 1);
-``ss`` (bm, bn), the running sum of squares of the current segment's x row,
-kept broadcast over the lanes so it multiplies ``seg`` without any lane
-slicing. Since bk divides the padded segment length, each K step lies in one
-segment; at its last step the segment is folded: acc += seg * rsqrt(ss/ks +
-eps).
+(bm, bn), the current segment's partial product of (x * g) @ W (only when
+segments > 1); ``ss`` (bm, bn), the running sum of squares of the current
+segment's x row, kept broadcast over the lanes so it multiplies ``seg``
+without any lane slicing. At a segment's last K step: acc += seg *
+rsqrt(ss/ks + eps).
 """
 
 from __future__ import annotations
@@ -29,41 +32,36 @@ from jax.experimental.pallas import tpu as pltpu
 
 from eagle_jax.kernels._refs import split_refs
 
-_W_TILE_BYTES = 4 * 1024 * 1024  # target bytes of one W' block (double-buffered)
+_W_TILE_BYTES = 4 * 1024 * 1024  # target bytes of one W block (double-buffered)
 _MAX_BM = 256
-# With one segment whose K is not a multiple of 128 (SmolLM2: K=576), use a
-# single full-K block (legal under the block rule, no padding, but a matmul
-# with an unaligned contraction dim for Mosaic). Set False to zero-pad K to a
-# multiple of 128 instead (+11% W bytes at K=576). Not yet run on a TPU.
-_FULL_K_UNALIGNED = True
 
 
 def _round_up(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def weight_geometry(k: int, n: int, segments: int, itemsize: int):
-    """(rows_per_segment, n_cols, block_k, block_n) for a [k, n] weight."""
+def block_sizes(m: int, k: int, n: int, segments: int, x_itemsize: int, w_itemsize: int):
+    """(bm, bk, bn) for x [m, k] and w [k, n] split into `segments`; ValueError when
+    a segment length cannot be blocked without copying W."""
     ks = k // segments
-    bn = min(1024 if n >= 8192 else 512, _round_up(n, 128))
-    n_cols = _round_up(n, bn)
+    if segments > 1 and ks % 8:
+        raise ValueError(f"the TPU kernel needs a segment length divisible by 8 with segments > 1, "
+                         f"got K={k} in {segments} segments")
+    sub = 8 if x_itemsize >= 4 else 16
+    bm = _round_up(m, sub) if m <= _MAX_BM else _MAX_BM
+    cap = 1024 if n >= 8192 else 512
+    bn = n if n <= cap else cap
     if ks % 128 == 0:
-        rows = ks
-    elif _FULL_K_UNALIGNED and segments == 1 and ks * bn * itemsize <= _W_TILE_BYTES:
-        rows = ks  # one K block spanning the full K: legal without padding
-    else:
-        rows = _round_up(ks, 128)
-    if rows % 128:
-        bk = rows
-    else:
-        fits = [d for d in range(128, rows + 1, 128)
-                if rows % d == 0 and d * bn * itemsize <= _W_TILE_BYTES]
-        bk = max(fits) if fits else 128
-    return rows, n_cols, bk, bn
+        fits = [d for d in range(128, ks + 1, 128)
+                if ks % d == 0 and d * bn * w_itemsize <= _W_TILE_BYTES]
+        return bm, (max(fits) if fits else 128), bn
+    while ks * bn * w_itemsize > _W_TILE_BYTES and bn > 128:
+        bn = max(128, bn // 2 // 128 * 128)
+    return bm, ks, bn
 
 
 def _kernel(*refs, tiles_per_seg, n_k, inv_ks, eps, precision, has_bias, has_init, multi_seg):
-    x_ref, w_ref, b_ref, rest = split_refs(refs, has_bias, has_init)
+    x_ref, g_ref, w_ref, b_ref, rest = split_refs(refs, has_bias, has_init)
     o_ref, acc_ref = rest[0], rest[1]
     seg_ref = rest[2] if multi_seg else acc_ref
     ss_ref = rest[-1]
@@ -82,11 +80,12 @@ def _kernel(*refs, tiles_per_seg, n_k, inv_ks, eps, precision, has_bias, has_ini
         ss_ref[...] = jnp.zeros(ss_ref.shape, jnp.float32)
 
     x = x_ref[...]
+    xf = x.astype(jnp.float32)
+    xg = (xf * g_ref[...]).astype(x.dtype)
     w = w_ref[...]
     if w.dtype != x.dtype:
         w = w.astype(x.dtype)
-    seg_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
-    xf = x.astype(jnp.float32)
+    seg_ref[...] += jnp.dot(xg, w, preferred_element_type=jnp.float32, precision=precision)
     ss_ref[...] += jnp.sum(xf * xf, axis=1, keepdims=True)
 
     def scaled_segment():
@@ -105,53 +104,44 @@ def _kernel(*refs, tiles_per_seg, n_k, inv_ks, eps, precision, has_bias, has_ini
         o_ref[...] = out.astype(o_ref.dtype)
 
 
-def run(x2, fw, bias, *, eps, interpret=False, poison=None):
-    """x2 [M, K]; fw a FoldedWeight in the "tpu" layout; returns [M, N]."""
+def _segment_major(x2, s, ks, m_pad):
+    """x2 [M, S*ks] -> [S, m_pad, ks], rows zero-padded (activation-sized)."""
+    m = x2.shape[0]
+    x3 = jnp.transpose(x2.reshape(m, s, ks), (1, 0, 2))
+    return jnp.pad(x3, ((0, 0), (0, m_pad - m), (0, 0))) if m_pad != m else x3
+
+
+def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None):
+    """x2 [M, K], g [K] or [S, K/S], w [K, N], bias [N] or None -> [M, N] in x2.dtype."""
     m, k = x2.shape
-    s, n = fw.segments, fw.n
+    s, n = segments, w.shape[1]
     ks = k // s
-    rows, n_cols, bk, bn = weight_geometry(k, n, s, jnp.dtype(fw.w.dtype).itemsize)
-    assert fw.w.shape == (s * rows, n_cols), (fw.w.shape, rows, n_cols)
-    x_item = jnp.dtype(x2.dtype).itemsize
-    sub = 8 if x_item >= 4 else 16
-    bm = _round_up(m, sub) if m <= _MAX_BM else _MAX_BM
+    x_item, w_item = jnp.dtype(x2.dtype).itemsize, jnp.dtype(w.dtype).itemsize
+    bm, bk, bn = block_sizes(m, k, n, s, x_item, w_item)
     m_pad = _round_up(m, bm)
-
-    xp = x2
-    if rows != ks:
-        xp = jnp.pad(xp.reshape(m, s, ks), ((0, 0), (0, 0), (0, rows - ks))).reshape(m, s * rows)
-    if m_pad != m:
-        xp = jnp.pad(xp, ((0, m_pad - m), (0, 0)))
-
-    tiles_per_seg = rows // bk
+    tiles_per_seg = ks // bk
     n_k = s * tiles_per_seg
-    grid = (m_pad // bm, n_cols // bn, n_k)
+    grid = (m_pad // bm, pl.cdiv(n, bn), n_k)
     multi_seg = s > 1
     precision = jax.lax.Precision.HIGHEST if x2.dtype == jnp.float32 else None
 
-    args = [xp, fw.w]
-    in_specs = [pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+    seg_of = lambda kk: (jax.lax.div(kk, tiles_per_seg), jax.lax.rem(kk, tiles_per_seg))  # no sign ops
+    args = [_segment_major(x2, s, ks, m_pad), g.astype(jnp.float32).reshape(s, 1, ks), w]
+    in_specs = [pl.BlockSpec((None, bm, bk), lambda i, j, kk: (seg_of(kk)[0], i, seg_of(kk)[1])),
+                pl.BlockSpec((None, 1, bk), lambda i, j, kk: (seg_of(kk)[0], 0, seg_of(kk)[1])),
                 pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))]
     out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
     if bias is not None:
-        b = bias.reshape(1, n)
-        if n_cols != n:
-            b = jnp.pad(b, ((0, 0), (0, n_cols - n)))
-        args.append(b)
+        args.append(bias.reshape(1, n))
         in_specs.append(pl.BlockSpec((1, bn), lambda i, j, kk: (0, j)))
     aliases = {}
     if poison is not None:
         aliases = {len(args): 0}
-        args.append(jnp.full((m_pad, n_cols), poison, x2.dtype))
+        args.append(jnp.full((m_pad, n), poison, x2.dtype))
         in_specs.append(out_spec)
 
-    scratch = [pltpu.VMEM((bm, bn), jnp.float32)]
-    if multi_seg:
-        scratch.append(pltpu.VMEM((bm, bn), jnp.float32))
-    scratch.append(pltpu.VMEM((bm, bn), jnp.float32))
-
-    w_item = jnp.dtype(fw.w.dtype).itemsize
-    vmem_need = (2 * (bm * bk * x_item + bk * bn * w_item + 8 * bn * 4)
+    scratch = [pltpu.VMEM((bm, bn), jnp.float32) for _ in range(3 if multi_seg else 2)]
+    vmem_need = (2 * (bm * bk * x_item + 8 * bk * 4 + bk * bn * w_item + 8 * bn * 4)
                  + 2 * bm * bn * x_item + len(scratch) * bm * bn * 4)
     vmem_limit = int(min(max(2 * vmem_need, 32 * 2**20), 48 * 2**20))
 
@@ -160,14 +150,11 @@ def run(x2, fw, bias, *, eps, interpret=False, poison=None):
         precision=precision, has_bias=bias is not None, has_init=poison is not None,
         multi_seg=multi_seg)
     cost = pl.CostEstimate(
-        flops=2 * m_pad * s * rows * n_cols,
-        transcendentals=m_pad * n_cols * s,
-        bytes_accessed=(xp.size * x_item + fw.w.size * w_item + m_pad * n_cols * x_item))
-    if interpret:
-        interpret = pltpu.InterpretParams()
+        flops=2 * m_pad * k * n, transcendentals=m_pad * n * s,
+        bytes_accessed=m_pad * k * x_item + w.size * w_item + m_pad * n * x_item)
     out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((m_pad, n_cols), x2.dtype),
+        out_shape=jax.ShapeDtypeStruct((m_pad, n), x2.dtype),
         grid=grid,
         in_specs=in_specs,
         out_specs=out_spec,
@@ -177,9 +164,7 @@ def run(x2, fw, bias, *, eps, interpret=False, poison=None):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=vmem_limit),
         cost_estimate=cost,
-        interpret=interpret,
+        interpret=pltpu.InterpretParams() if interpret else False,
         name="fused_norm_matmul_tpu",
     )(*args)
-    if (m_pad, n_cols) != (m, n):
-        out = out[:m, :n]
-    return out
+    return out[:m] if m_pad != m else out

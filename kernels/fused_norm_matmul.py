@@ -32,25 +32,20 @@ Implementations (``impl``):
 The environment variable ``EAGLE_JAX_KERNEL_IMPL`` (one of the impl names)
 overrides ``impl`` for every call.
 
-How the kernels compute it (deferred normalisation): with r_s = rsqrt(mean(x_s^2)
-+ eps) for each segment s, y = sum_s r_s * (x_s @ (g_s[:, None] * W_s)) + b.
-So gamma is folded into W ("W'"), the kernel streams W' once and accumulates,
-per segment, the f32 partial product and the row sum of squares; r_s scales
-the segment's partial product when its last K tile has been seen.
-
-Folding gamma once, not per call: `fold_norm_into_weight(norm_weights, w,
-segments=...)` returns a `FoldedWeight` (W' plus, for TPU, the zero padding
-the Mosaic blocks need). Pass it as ``w`` with ``norm_weights=None``:
-``fused_norm_matmul(x, None, folded, eps=..., segments=...)``. A plain [K, N]
-array with ``norm_weights=None`` is also taken as already folded. When raw
-(norm_weights, w) are passed to a Pallas impl the fold runs inside the call
-(one extra pass over W: fine for training, where W changes every step anyway,
-wasteful for decode; jit does not hoist it, as W is an argument, not a
-constant). The XLA impl never folds (it keeps the reference numerics).
+How the kernels compute it (deferred normalisation): with r_s =
+rsqrt(mean(x_s^2) + eps) for each segment s, y = sum_s r_s * ((x_s * g_s) @ W_s)
++ b. The kernel streams the raw weight W once; the gains multiply the
+activation tile in VMEM / registers ([M, K] work, nothing weight-sized), and
+per segment it accumulates the f32 partial product and the row sum of
+squares of x; r_s scales the segment's partial product when its last K tile
+has been seen. No call folds gamma into W or re-lays out W (both would be a
+pass over the weight per call that jit cannot hoist, W being an argument),
+so trained norms (the drafter's `fc_norm`) and the PyTorch export keep their
+weights as they are.
 
 Gradients: the Pallas impls carry a `jax.custom_vjp` whose backward pass is
 the VJP of the XLA reference (recomputing the norm in plain jnp), giving
-gradients wrt x, norm_weights, w (or the folded weight) and bias.
+gradients wrt x, norm_weights, w and bias.
 """
 
 from __future__ import annotations
@@ -58,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +63,6 @@ from eagle_jax.kernels.cpu import PackedWeight
 
 IMPLS = ("auto", "xla", "pallas", "interpret", "native")
 TARGETS = ("gpu", "tpu")
-LAYOUTS = ("plain", "tpu")
 ENV_VAR = "EAGLE_JAX_KERNEL_IMPL"
 _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -135,97 +128,6 @@ def _native_fuses(x, w: PackedWeight, bias) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Folded weights
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class FoldedWeight:
-    """gamma folded into W: ``w[s * rows + i, n] = g[s, i] * W[s * ks + i, n]``.
-
-    ``w`` is [segments * rows, n_cols] with rows >= ks = k // segments and
-    n_cols >= n; the extra rows of each segment and the extra columns are
-    zeros (the TPU layout pads so that Mosaic blocks tile it exactly; the
-    plain layout has no padding). k, n, segments are static pytree metadata,
-    so a FoldedWeight can be a jit argument, be stacked for `lax.scan`, etc.
-    """
-
-    w: Any
-    k: int
-    n: int
-    segments: int
-
-    @property
-    def rows_per_segment(self) -> int:
-        return self.w.shape[-2] // self.segments
-
-    def plain(self):
-        """The unpadded folded weight, [k, n]."""
-        ks = self.k // self.segments
-        if self.w.shape[-2:] == (self.k, self.n):
-            return self.w
-        w = self.w.reshape(self.segments, self.rows_per_segment, self.w.shape[-1])
-        return w[:, :ks, : self.n].reshape(self.k, self.n)
-
-
-jax.tree_util.register_dataclass(
-    FoldedWeight, data_fields=["w"], meta_fields=["k", "n", "segments"]
-)
-
-
-def tpu_weight_geometry(k: int, n: int, segments: int, itemsize: int):
-    """(rows_per_segment, n_cols, block_k, block_n) of the TPU weight layout."""
-    from eagle_jax.kernels import _fnm_tpu
-
-    return _fnm_tpu.weight_geometry(k, n, segments, itemsize)
-
-
-def _relayout(w_plain, k, n, segments, layout):
-    """Pad a plain [k, n] folded weight into `layout`."""
-    if layout == "plain":
-        return FoldedWeight(w_plain, k, n, segments)
-    rows, cols, _, _ = tpu_weight_geometry(k, n, segments, jnp.dtype(w_plain.dtype).itemsize)
-    ks = k // segments
-    if (rows, cols) == (ks, n):
-        return FoldedWeight(w_plain, k, n, segments)
-    w = w_plain.reshape(segments, ks, n)
-    w = jnp.pad(w, ((0, 0), (0, rows - ks), (0, cols - n)))
-    return FoldedWeight(w.reshape(segments * rows, cols), k, n, segments)
-
-
-def default_layout() -> str:
-    return "tpu" if jax.default_backend() == "tpu" else "plain"
-
-
-def fold_norm_into_weight(norm_weights, w, *, segments=1, dtype=None, layout=None) -> FoldedWeight:
-    """Fold the RMSNorm gains into W once: W'[k, :] = g[k] * W[k, :].
-
-    The product is taken in f32 and cast to ``dtype`` (default: w's dtype).
-    ``layout`` is "plain" (no padding; what the GPU kernel and the XLA path
-    take) or "tpu" (each segment's rows and the columns zero-padded to the
-    Mosaic blocks); default: "tpu" on a TPU backend, else "plain". Any
-    layout is accepted by every impl; a mismatched one is re-laid out per
-    call (a copy of W), so fold with the layout of the machine you run on.
-    Call this once per weight (e.g. when loading a checkpoint for decoding)
-    and pass the result as ``w`` with ``norm_weights=None``.
-    """
-    layout = default_layout() if layout is None else layout
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown weight layout {layout!r}; expected one of {LAYOUTS}")
-    _check_segments(segments)
-    w = jnp.asarray(w)
-    if w.ndim != 2:
-        raise ValueError(f"w must be [K, N], got shape {w.shape}")
-    k, n = w.shape
-    if k % segments:
-        raise ValueError(f"K={k} is not divisible into {segments} segments")
-    g = _check_norm_weights(norm_weights, k, segments)
-    dtype = w.dtype if dtype is None else jnp.dtype(dtype)
-    w_plain = (w.astype(jnp.float32) * g.reshape(k, 1).astype(jnp.float32)).astype(dtype)
-    return _relayout(w_plain, k, n, segments, layout)
-
-
-# ---------------------------------------------------------------------------
 # Validation and dispatch
 # ---------------------------------------------------------------------------
 
@@ -236,6 +138,9 @@ def _check_segments(segments):
 
 
 def _check_norm_weights(norm_weights, k, segments):
+    """norm_weights [K] or [S, K/S], else a one-line ValueError."""
+    if norm_weights is None:
+        raise ValueError("norm_weights is required: the gains are applied to x inside the kernel")
     g = jnp.asarray(norm_weights)
     ks = k // segments
     if g.shape not in ((k,), (segments, ks)):
@@ -309,9 +214,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     """RMSNorm (per segment) followed by a projection. See module docstring.
 
     ``out_dtype`` (default x.dtype) is the result's dtype; float32 keeps the
-    accumulator unrounded (logits).
-    ``norm_weights=None`` means ``w`` already has gamma folded in (a
-    `FoldedWeight` from `fold_norm_into_weight`, or a plain [K, N] array).
+    accumulator unrounded (logits). ``w`` is a [K, N] array or a `PackedWeight`.
     ``target`` ("gpu" or "tpu") picks which Pallas kernel body an
     ``interpret`` run uses; for ``pallas`` it must match the backend.
     """
@@ -323,17 +226,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     _check_segments(segments)
     segments = int(segments)
     k = x.shape[-1]
-    if isinstance(w, FoldedWeight):
-        if norm_weights is not None:
-            raise ValueError("w is a FoldedWeight (gamma already folded in): pass norm_weights=None")
-        if w.k != k:
-            raise ValueError(f"FoldedWeight has K={w.k}, but x has K={k}")
-        if w.segments != segments:
-            raise ValueError(f"FoldedWeight was folded with segments={w.segments}, "
-                             f"but segments={segments} was passed")
-        n = w.n
-        wdtype = w.w.dtype
-    elif isinstance(w, PackedWeight):
+    if isinstance(w, PackedWeight):
         if w.k != k:
             raise ValueError(f"PackedWeight has K={w.k}, but x has K={k}")
         n = w.n
@@ -348,8 +241,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
         raise ValueError(f"w must be floating point, got {wdtype}")
     if k % segments:
         raise ValueError(f"K={k} is not divisible into {segments} segments")
-    if norm_weights is not None:
-        norm_weights = _check_norm_weights(norm_weights, k, segments)
+    norm_weights = _check_norm_weights(norm_weights, k, segments)
     if bias is not None:
         bias = jnp.asarray(bias)
         if bias.shape != (n,):
@@ -361,16 +253,12 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     impl = resolve_impl(impl)
 
     if isinstance(w, PackedWeight):
-        if norm_weights is not None and _native_fuses(x, w, bias):
+        if _native_fuses(x, w, bias):
             return cpu.matmul(x, w, x.dtype if out_dtype is None else out_dtype,
                               norm_weight=norm_weights.reshape(k), eps=eps, segments=segments)
-        normed = x if norm_weights is None else _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
+        normed = _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
         return matmul(normed, w, bias, out_dtype=out_dtype)
     if impl in ("xla", "native"):
-        if norm_weights is None:
-            w_plain = w.plain() if isinstance(w, FoldedWeight) else w
-            return rms_norm_matmul_reference(x, jnp.ones((k,), x.dtype), w_plain, eps=eps,
-                                             segments=segments, bias=bias, out_dtype=out_dtype)
         return rms_norm_matmul_reference(x, norm_weights, w, eps=eps, segments=segments, bias=bias,
                                          out_dtype=out_dtype)
 
@@ -390,33 +278,17 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
 
 
 def _math_reference(cfg: _Config, x2, g, w, bias):
-    """What the kernel computes, in plain jnp (used for the backward pass)."""
-    k = x2.shape[-1]
-    if g is None:
-        w_plain = w.plain() if isinstance(w, FoldedWeight) else w
-        g = jnp.ones((k,), x2.dtype)
-    else:
-        w_plain = w
-    return rms_norm_matmul_reference(x2, g, w_plain, eps=cfg.eps, segments=cfg.segments, bias=bias)
+    """What the kernel computes, in plain jnp (the backward pass)."""
+    return rms_norm_matmul_reference(x2, g, w, eps=cfg.eps, segments=cfg.segments, bias=bias)
 
 
 def _pallas_forward(cfg: _Config, x2, g, w, bias):
+    """x2 [M, K], g [K] or [S, K/S], w [K, N] as given (never copied), bias [N] or None -> [M, N]."""
     from eagle_jax.kernels import _fnm_gpu, _fnm_tpu
 
-    layout = "tpu" if cfg.target == "tpu" else "plain"
-    k = x2.shape[-1]
-    if g is not None:
-        fw = fold_norm_into_weight(g, w, segments=cfg.segments, layout=layout)
-    elif isinstance(w, FoldedWeight):
-        fw = w
-    else:
-        fw = FoldedWeight(w, k, w.shape[1], cfg.segments)
-    if cfg.target == "tpu":
-        rows, cols, _, _ = tpu_weight_geometry(fw.k, fw.n, fw.segments, jnp.dtype(fw.w.dtype).itemsize)
-        if fw.w.shape != (fw.segments * rows, cols):
-            fw = _relayout(fw.plain(), fw.k, fw.n, fw.segments, "tpu")
-        return _fnm_tpu.run(x2, fw, bias, eps=cfg.eps, interpret=cfg.interpret, poison=_POISON_OUTPUT)
-    return _fnm_gpu.run(x2, fw, bias, eps=cfg.eps, interpret=cfg.interpret, poison=_POISON_OUTPUT)
+    body = _fnm_tpu if cfg.target == "tpu" else _fnm_gpu
+    return body.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
+                    poison=_POISON_OUTPUT)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -5,7 +5,9 @@ Triton body with ``interpret=True``, the TPU / Mosaic body under
 ``pltpu.InterpretParams``) and are compared with a float64 NumPy reference.
 Every Pallas run gets an output buffer pre-filled with NaN (aliased to the
 output), so a tile the kernel fails to write shows up as NaN; outputs are
-checked to be NaN-free. The compiled lowerings (Mosaic for TPU, Triton for
+checked to be NaN-free (the TPU interpreter also fills the out-of-bounds part
+of a partial block with NaN, so garbage read past N must stay in the columns
+that are dropped). The compiled lowerings (Mosaic for TPU, Triton for
 CUDA) are exercised up to MLIR generation with cross-platform lowering, which
 needs no accelerator and checks the block rules.
 """
@@ -20,12 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eagle_jax.kernels import (
-    FoldedWeight,
-    fold_norm_into_weight,
-    fused_norm_matmul,
-    rms_norm_matmul_reference,
-)
+from eagle_jax.kernels import fused_norm_matmul, rms_norm_matmul_reference
 
 fnm = importlib.import_module("eagle_jax.kernels.fused_norm_matmul")
 fnm_tpu = importlib.import_module("eagle_jax.kernels._fnm_tpu")
@@ -85,6 +82,14 @@ def _run(x, g, w, b, segments, impl, target=None):
     return f(x, g, w, b)
 
 
+def _check_kernel(x, g, w, b, segments, dt, target):
+    """The interpreted kernel against float64 and against the XLA impl."""
+    y = _run(x, g, w, b, segments, "interpret", target)
+    _check(y, _ref64(x, g, w, segments, b), dt)
+    _check(y, np.asarray(jnp.asarray(_run(x, g, w, b, segments, "xla"), jnp.float32), np.float64), dt)
+    return y
+
+
 # (lead, M, K, N, segments, bias, dtype): a spread over the product, not all of it.
 GPU_CASES = [
     ((), 1, 576, 200, 1, True, "float32"),
@@ -99,6 +104,8 @@ GPU_CASES = [
     ((), 16, 1728, 1000, 3, False, "bfloat16"),
     ((), 3, 600, 200, 3, True, "float32"),  # segment length 200: no power-of-two K tile divides it
     ((), 67, 576, 1000, 1, False, "float32"),
+    ((), 2, 100, 130, 1, True, "bfloat16"),  # K below one tile, N just past one
+    ((), 1, 600, 1100, 3, False, "bfloat16"),
 ]
 
 
@@ -111,16 +118,18 @@ def _case_id(c):
 def test_gpu_kernel_interpret(case):
     lead, m, k, n, s, bias, dt = case
     x, g, w, b = _inputs(("gpu", case), lead, m, k, n, s, dt, bias)
-    y = _run(x, g, w, b, s, "interpret", "gpu")
+    y = _check_kernel(x, g, w, b, s, dt, "gpu")
     assert y.shape == (*lead, m, n)
-    _check(y, _ref64(x, g, w, s, b), dt)
 
 
 TPU_CASES = [
     ((), 7, 576, 200, 1, True, "float32"),
-    ((2,), 9, 1728, 1000, 3, True, "bfloat16"),
+    ((2,), 9, 1728, 1000, 3, True, "bfloat16"),  # N=1000: a partial last N block
     ((), 20, 1728, 300, 3, False, "float32"),
     ((), 1, 4096, 200, 1, False, "bfloat16"),
+    ((), 3, 600, 1100, 3, True, "float32"),  # segment length 200 (not a multiple of 128)
+    ((), 2, 100, 130, 1, True, "bfloat16"),  # K=100: one full-K block
+    ((), 5, 1024, 8200, 2, False, "bfloat16"),  # N >= 8192: 1024-wide blocks, the last partial
 ]
 
 
@@ -128,40 +137,24 @@ TPU_CASES = [
 @pytest.mark.parametrize("case", TPU_CASES, ids=_case_id)
 def test_tpu_kernel_interpret(case, small_tiles, monkeypatch):
     """The Mosaic body under pltpu.InterpretParams; small tiles force several
-    M blocks, N blocks and K steps per segment (and K padding for K=576)."""
+    M blocks, N blocks (partial ones) and K steps per segment."""
     lead, m, k, n, s, bias, dt = case
     if small_tiles:
         monkeypatch.setattr(fnm_tpu, "_W_TILE_BYTES", 64 * 1024)
         monkeypatch.setattr(fnm_tpu, "_MAX_BM", 16)
     x, g, w, b = _inputs(("tpu", case), lead, m, k, n, s, dt, bias)
-    y = _run(x, g, w, b, s, "interpret", "tpu")
-    _check(y, _ref64(x, g, w, s, b), dt)
+    _check_kernel(x, g, w, b, s, dt, "tpu")
 
 
-def test_tpu_small_tiles_really_tile(monkeypatch):
+def test_tpu_blocks(monkeypatch):
+    """Blocks tile the raw weight: bk divides the segment, N may end in a partial block."""
+    assert fnm_tpu.block_sizes(1, 576, 960, 1, 2, 2) == (16, 576, 512)  # SmolLM2 qkv
+    assert fnm_tpu.block_sizes(7, 1728, 576, 3, 4, 4) == (8, 576, 512)  # EAGLE fc: whole segments
+    assert fnm_tpu.block_sizes(300, 4096, 49152, 1, 2, 2) == (256, 2048, 1024)
+    assert fnm_tpu.block_sizes(3, 600, 200, 3, 4, 4)[1:] == (200, 200)
     monkeypatch.setattr(fnm_tpu, "_W_TILE_BYTES", 64 * 1024)
-    rows, cols, bk, bn = fnm_tpu.weight_geometry(1728, 1000, 3, 4)
-    assert (rows, cols) == (640, 1024) and rows // bk >= 2 and cols // bn >= 2
-    rows, cols, bk, bn = fnm_tpu.weight_geometry(576, 200, 1, 2)
-    assert rows == 640 and bk == 128  # the full-K block no longer fits: padded
-
-
-@pytest.mark.parametrize("target", ["gpu", "tpu"])
-def test_prefolded_weight(target):
-    m, k, n, s = 5, 1728, 200, 3
-    x, g, w, b = _inputs(("fold", target), (2,), m, k, n, s, "float32", True)
-    ref = _ref64(x, g, w, s, b)
-    for layout in ("plain", "tpu"):
-        fw = fold_norm_into_weight(g, w, segments=s, layout=layout)
-        assert isinstance(fw, FoldedWeight) and (fw.k, fw.n, fw.segments) == (k, n, s)
-        np.testing.assert_array_equal(np.asarray(fw.plain()), np.asarray(w * g.reshape(k, 1)))
-        f = jax.jit(lambda x, fw, b: fused_norm_matmul(
-            x, None, fw, eps=EPS, segments=s, bias=b, impl="interpret", target=target))
-        _check(f(x, fw, b), ref, "float32")
-        _check(fused_norm_matmul(x, None, fw, eps=EPS, segments=s, bias=b, impl="xla"), ref, "float32")
-    # A plain [K, N] array with norm_weights=None is taken as already folded.
-    wf = w * g.reshape(k, 1)
-    _check(_run(x, None, wf, b, s, "interpret", target), ref, "float32")
+    assert fnm_tpu.block_sizes(20, 1728, 1000, 3, 4, 4)[1:] == (576, 128)  # 8 N blocks, last partial
+    assert fnm_tpu.block_sizes(1, 4096, 200, 1, 2, 2)[1:] == (128, 200)  # 32 K steps
 
 
 # --------------------------------------------------------------------------
@@ -172,6 +165,7 @@ GRAD_CASES = [
     ("gpu", (2,), 7, 1728, 200, 3, True, "float32"),
     ("gpu", (), 5, 576, 1000, 1, True, "bfloat16"),
     ("tpu", (), 3, 1728, 200, 3, True, "float32"),
+    ("tpu", (), 2, 1728, 1000, 3, True, "bfloat16"),
     ("gpu", (), 16, 4096, 200, 1, False, "float32"),
 ]
 
@@ -199,24 +193,6 @@ def test_gradients_match_reference(case):
         assert not np.isnan(a).any(), name
         rel = np.linalg.norm(a - c) / np.linalg.norm(c)
         assert rel < TOL[dt], (name, rel)
-
-
-def test_gradient_wrt_folded_weight():
-    m, k, n, s = 4, 1728, 200, 3
-    x, g, w, _ = _inputs(("gradfold",), (), m, k, n, s, "float32", False)
-    fw = fold_norm_into_weight(g, w, segments=s, layout="tpu")  # padded rows and columns
-    ct = jnp.asarray(_rng("ctfold").standard_normal((m, n)), jnp.float32)
-    f = lambda x, fw: jnp.sum(fused_norm_matmul(x, None, fw, eps=EPS, segments=s,
-                                                impl="interpret") * ct)
-    gx, gfw = jax.jit(jax.grad(f, argnums=(0, 1)))(x, fw)
-    assert isinstance(gfw, FoldedWeight) and gfw.w.shape == fw.w.shape
-    r = lambda x, wp: jnp.sum(rms_norm_matmul_reference(x, jnp.ones((k,)), wp, eps=EPS,
-                                                         segments=s) * ct)
-    rx, rw = jax.grad(r, argnums=(0, 1))(x, fw.plain())
-    np.testing.assert_allclose(gx, rx, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(gfw.plain(), rw, rtol=1e-5, atol=1e-6)
-    pad = np.asarray(gfw.w).reshape(s, -1, gfw.w.shape[1])
-    assert not pad[:, k // s:, :].any() and not pad[:, :, n:].any()
 
 
 # --------------------------------------------------------------------------
@@ -259,12 +235,11 @@ def test_auto_is_xla_on_cpu_and_env_forces(monkeypatch):
 def test_poison_catches_unwritten_tiles(monkeypatch):
     """Sanity check of the harness: a grid that misses the edge tiles leaves NaN."""
     x, g, w, _ = _inputs(("poison",), (), 67, 576, 1000, 1, "float32", False)
-    fw = fold_norm_into_weight(g, w, layout="plain")
     blocks = fnm_gpu.block_sizes(67, 1000, 576, 4)
     bm, bn = blocks[:2]
     monkeypatch.setattr(fnm_gpu.pl, "cdiv", lambda a, b: a // b)  # drop partial tiles
-    y = np.asarray(fnm_gpu.run(x, fw, None, eps=EPS, interpret=True, poison=float("nan"),
-                               blocks=blocks))
+    y = np.asarray(fnm_gpu.run(x, g, w, None, segments=1, eps=EPS, interpret=True,
+                               poison=float("nan"), blocks=blocks))
     assert np.isnan(y[(67 // bm) * bm:]).all() and np.isnan(y[:, (1000 // bn) * bn:]).all()
     assert not np.isnan(y[: (67 // bm) * bm, : (1000 // bn) * bn]).any()
 
@@ -280,12 +255,10 @@ LOWER_SHAPES = [(1, 576, 960, 1), (64, 576, 49152, 1), (16, 1728, 576, 3),
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_lowers_for_accelerators(platform):
     mod = fnm_tpu if platform == "tpu" else fnm_gpu
-    layout = "tpu" if platform == "tpu" else "plain"
     for (m, k, n, s) in LOWER_SHAPES:
         for dt, bias in (("bfloat16", True), ("float32", False)):
             def f(x, g, w, b):
-                fw = fold_norm_into_weight(g, w, segments=s, layout=layout)
-                return mod.run(x, fw, b, eps=EPS)
+                return mod.run(x, g, w, b, segments=s, eps=EPS)
             sd = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dt))
             args = (sd(m, k), sd(k), sd(k, n), sd(n) if bias else None)
             text = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
@@ -329,17 +302,19 @@ def test_bad_env_var(monkeypatch):
         fused_norm_matmul(x, g, w, eps=EPS, bias=b)
 
 
-def test_folded_weight_misuse():
+def test_norm_weights_required():
     x, g, w, b = _ok()
-    fw = fold_norm_into_weight(g, w)
-    with pytest.raises(ValueError, match="pass norm_weights=None"):
-        fused_norm_matmul(x, g, fw, eps=EPS)
-    with pytest.raises(ValueError, match="folded with segments=1"):
-        fused_norm_matmul(x, None, fw, eps=EPS, segments=3)
-    with pytest.raises(ValueError, match="FoldedWeight has K=576"):
-        fused_norm_matmul(x[:, :288], None, fw, eps=EPS)
-    with pytest.raises(ValueError, match="unknown weight layout"):
-        fold_norm_into_weight(g, w, layout="gpu-ish")
+    with pytest.raises(ValueError, match="norm_weights is required"):
+        fused_norm_matmul(x, None, w, eps=EPS, impl="interpret")
+
+
+def test_tpu_segment_length_not_blockable():
+    rng = _rng("seg8")
+    x, g = jnp.asarray(rng.standard_normal((2, 300)), jnp.float32), jnp.ones((300,))
+    w = jnp.asarray(rng.standard_normal((300, 128)), jnp.float32)
+    with pytest.raises(ValueError, match="segment length divisible by 8"):
+        fused_norm_matmul(x, g, w, eps=EPS, segments=3, impl="interpret", target="tpu")
+    _check(_run(x, g, w, None, 3, "interpret", "gpu"), _ref64(x, g, w, 3), "float32")
 
 
 @pytest.mark.skipif(not on_cpu, reason="pallas compiles on accelerators")
