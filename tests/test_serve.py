@@ -10,6 +10,7 @@ streaming, some leaving early) with the same requests sent alone.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -467,6 +468,11 @@ def _load(url, n_clients: int, caplog) -> None:
         time.sleep(0.2)
     assert _get(url + "/health")[0] == 200
     assert "client disconnected" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text  # no tracebacks
+    text = _get(url + "/metrics")[1]
+    aborts = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "abort"]
+    assert aborts and aborts[0] >= 1
 
 
 def _running_and_waiting(url):
