@@ -27,15 +27,18 @@ Bearer KEY` on /v1/*); 404 for an unknown model or route; 408 for a body that
 does not arrive within --body-timeout-s; 413 for a body over --max-body-bytes,
 refused from its Content-Length before it is read; a malformed request line or
 header (e.g. `Content-Length: abc`) gets a JSON 400 from the HTTP parser itself.
+(Headers that never complete are not timed out: uvicorn has no such timer.)
 A client that disconnects cancels its request (serve/engine.py says how far
 the present engine can honour that) and is reported in one console line.
 
 Stack: FastAPI (Starlette) on uvicorn rather than aiohttp, by fit: it is what
 the OpenAI-compatible peers run (vLLM, SGLang), its pydantic models check the
 request bodies, streaming responses cancel on disconnect, and uvicorn takes a
-socket bound beforehand (a busy port is one line, before the model loads). The
-HTTP layer's cost is not what limits throughput here: a request spends
-milliseconds in it and seconds on the engine, whichever framework is used.
+socket bound beforehand (a busy port is one line, before the model loads).
+aiohttp was not measured against it: the HTTP layer is not what limits
+throughput here. Measured with an engine that returns at once, a chat request
+spends 2.7 ms (p50; p99 9.5 ms) in this layer on one loaded core, against
+seconds on the engine.
 
 The engine behind the HTTP layer is anything with serve/engine.py's interface
 (submit / events / cancel / load / check / info); today it is `BatcherEngine`.
@@ -122,12 +125,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     from eagle_jax.cli import generator_from_args
 
-    _console_log()
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second
     except PortInUse as e:
         print(f"eagle-jax serve: error: {e}", flush=True)
         return 1
+    _console_log()
     try:
         from eagle_jax.serve.app import make_server as make
     except ModuleNotFoundError as e:
