@@ -129,13 +129,14 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
         tokens = shift_left(input_ids, 1 + i)
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + i, (b, t))
 
-        def attend(q, k, v, i=i):
+        def attend(qkv, cos, sin, i=i):
+            q, k, v = drafter.rotated_heads(dcfg, qkv, cos, sin)
             if i == 0:
-                return _ttt_attention(q, k, v, mask0, [], [])
-            return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v])
+                return _ttt_attention(q, k, v, mask0, [], []), (k, v)
+            return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v]), (k, v)
 
-        h, k, v = drafter.layer_forward(dparams, dcfg, tokens, hidden, positions, attend,
-                                        embed=embed, impl=impl)
+        h, (k, v) = drafter.layer_forward(dparams, dcfg, tokens, hidden, positions, attend,
+                                          embed=embed, impl=impl)
         logits, hidden = drafter.head(dparams, dcfg, h, impl=impl)
         if i == 0:
             k0, v0 = k, v

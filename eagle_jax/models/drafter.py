@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import rotate_qk, split_heads, swiglu_mlp
+from eagle_jax.models.layers import embed_tokens, rotate_qk, split_heads, swiglu_mlp
 from eagle_jax.nn import attention, rms_norm, rope_tables
 
 
@@ -85,13 +85,23 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
     return matmul(aux, params["fc"])
 
 
+def rotated_heads(cfg: DrafterConfig, qkv, cos, sin):
+    """qkv [B,T,(Hq+2Hkv)*D], cos/sin [B,T,D] -> q [B,T,Hq,D], k and v [B,T,Hkv,D], q and k rotated."""
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    q, k = rotate_qk(q, k, cos, sin)
+    return q, k, v
+
+
 def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend, *,
                   embed=None, impl: str = "auto"):
-    """The decoder layer with the attention supplied by `attend(q, k, v) -> [B, T, Hq*D]`
-    (q [B,T,Hq,D] and k/v [B,T,Hkv,D] already rotated). Shared by `step` and the
-    training-time-test unroll (train/ttt.py), which attends differently.
+    """The decoder layer with the attention supplied by
+    `attend(qkv, cos, sin) -> (out [B, T, Hq*D], extra)`: it gets the fused
+    projection and the RoPE tables (`rotated_heads` splits and rotates them).
+    Shared by `step` (extra: the cache with the new K/V written) and the
+    training-time-test unroll (train/ttt.py, extra: the rotated k and v),
+    which attends differently.
 
-    Returns (h [B, T, H] before the final norm, k, v).
+    Returns (h [B, T, H] before the final norm, extra).
     """
     layer = params["layer"]
     eps = cfg.rms_norm_eps
@@ -99,18 +109,17 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
         embed = params["embed"]
     elif embed is None:
         raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
-    e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)
+    e = embed_tokens(embed, tokens, impl=impl).astype(hidden.dtype)
     residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
     # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
     norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
     qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
                             segments=2, bias=layer.get("bqkv"), impl=impl)
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    q, k = rotate_qk(q, k, cos, sin)
-    h = matmul(attend(q, k, v), layer["wo"], layer.get("bo"), residual=residual)
+    out, extra = attend(qkv, cos, sin)
+    h = matmul(out, layer["wo"], layer.get("bo"), residual=residual)
     h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps, impl=impl)
-    return h, k, v
+    return h, extra
 
 
 def head(params, cfg: DrafterConfig, h, *, impl: str = "auto"):
@@ -149,14 +158,24 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     if cfg.sliding_window is not None:
         slot_mask, new_mask = window_masks(slot_mask, new_mask, positions, cfg.sliding_window)
 
-    def attend(q, k, v):
-        return attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
+    # The native kernel reads the cache in place and writes the new K/V into
+    # it in the same call: one chain of in-place updates, no copy of the cache.
+    native = resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and cfg.head_dim in (64, 128)
 
-    h, k, v = layer_forward(params, cfg, tokens, hidden, positions, attend, embed=embed, impl=impl)
+    def attend(qkv, cos, sin):
+        if native:
+            out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
+                                                  num_heads=cfg.num_heads, slot_mask=slot_mask)
+            return out.astype(qkv.dtype).reshape(b, t, -1), cache.replace(k=k_cache, v=v_cache)
+        q, k, v = rotated_heads(cfg, qkv, cos, sin)
+        out = attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
+        return out, cache.write(k[None], v[None], impl=impl)
+
+    h, cache = layer_forward(params, cfg, tokens, hidden, positions, attend, embed=embed, impl=impl)
     logits, _ = head(params, cfg, h if logits_at is None else
                      jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
     _, feedback = head(params, cfg, h, impl=impl) if cfg.norm_output else (None, h)
-    return logits, feedback, cache.write(k[None], v[None], impl=impl)
+    return logits, feedback, cache
 
 
 def window_masks(slot_mask, new_mask, positions, window: int):

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
-from eagle_jax.kernels import matmul, norm_swiglu
+from eagle_jax.kernels import cpu, matmul, norm_swiglu, resolve_impl
 from eagle_jax.nn import apply_rope, rms_norm
+
+
+def embed_tokens(table: jax.Array, ids: jax.Array, *, impl: str = "auto") -> jax.Array:
+    """table [V, H], ids [...] int -> rows [..., H] (ids clipped to the table).
+
+    The native kernel copies the rows; XLA:CPU would gather a bf16 row from
+    an f32 copy of the whole table, made on every call."""
+    if resolve_impl(impl) == "native":
+        return cpu.embed(table, ids)
+    return jnp.take(table, ids, axis=0, mode="clip")
 
 
 def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int):

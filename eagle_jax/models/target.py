@@ -17,7 +17,7 @@ import numpy as np
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import rotate_qk, split_heads, swiglu_mlp
+from eagle_jax.models.layers import embed_tokens, rotate_qk, split_heads, swiglu_mlp
 from eagle_jax.nn import attention, rope_tables
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
@@ -73,26 +73,30 @@ def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unrol
     return pack_for_cpu(params, cfg) if resolve_impl(impl) == "native" else params
 
 
-def _attend(q, k, v, cache: KVCache, i, new_mask, native: bool):
+def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, native: bool):
     """Layer i's attention over the committed cache slots plus the new keys.
 
-    Returns (out [B,T,Hq,D], cache): the native kernel reads the live slots
-    straight from the whole cache and stores this layer's new K/V in place;
-    the XLA path leaves the cache to one `write` after the last layer."""
+    qkv [B,T,(Hq+2Hkv)*D] -> (out [B,T,Hq,D], k and v [B,T,Hkv,D] rotated or
+    None, cache). The native kernel rotates q/k itself, reads the live slots
+    straight from the whole cache and stores this layer's new K/V in place
+    (then k, v are None); the XLA path returns k, v for one cache `write`
+    after the last layer."""
     if native:
-        out, k_cache, v_cache = cpu.attention(q, cache.k, cache.v, i, cache.lengths, k, v, new_mask)
-        return out.astype(q.dtype), cache.replace(k=k_cache, v=v_cache)
+        qk_norm = (p["q_norm"], p["k_norm"]) if "q_norm" in p else None
+        out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, i, cache.lengths, new_mask,
+                                              num_heads=cfg.num_heads, qk_norm=qk_norm, eps=cfg.rms_norm_eps)
+        return out.astype(qkv.dtype), None, None, cache.replace(k=k_cache, v=v_cache)
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    q, k = rotate_qk(q, k, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
     cache_mask = committed_mask(cache.lengths, cache.max_len, q.shape[1])
-    return attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask), cache
+    return attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask), k, v, cache
 
 
 def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
-    """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated, v, cache)."""
+    """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated or None, v, cache)."""
     qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
                             bias=p.get("bqkv"), impl=impl)
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    q, k = rotate_qk(q, k, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
-    attn, cache = _attend(q, k, v, cache, i, new_mask, native)
+    attn, k, v, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native)
     h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h)
     h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
     return h, k, v, cache
@@ -114,7 +118,7 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
     for layer_id in aux_layers:
         if not 0 <= layer_id < cfg.num_layers:
             raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
-    h = jnp.take(params["embed"], tokens, axis=0)
+    h = embed_tokens(params["embed"], tokens, impl=impl)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     new_mask = causal_mask(b, t) if mask is None else mask
     # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
@@ -133,7 +137,7 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
             h, k, v, cache = run_layer(p, h, cache, i)
             ks.append(k)
             vs.append(v)
-        k_new, v_new = jnp.stack(ks), jnp.stack(vs)
+        k_new, v_new = (None, None) if native else (jnp.stack(ks), jnp.stack(vs))
         aux = [entering[i] for i in aux_layers]
     else:
         aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)

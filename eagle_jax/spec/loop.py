@@ -204,7 +204,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     rows = jnp.arange(b)
     keys, k_draft, k_accept = split_keys(state.keys, 3)
     with jax.named_scope("draft"):
-        draft = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
+        draft, dcache = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
                                state.root_feedback, state.dcache, spec, lc.sampling, k_draft, impl=lc.impl)
     base = state.tcache.lengths
     with jax.named_scope("target"):
@@ -228,7 +228,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
         positions = base[:, None] + j
         logits, feedback, dcache = drafter.step(
             dparams, dcfg, new_tokens, drafter.project_features(dparams, dcfg, feats, impl=lc.impl),
-            positions, state.dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
+            positions, dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
     emitted = m > 0
     last = jnp.maximum(m - 1, 0)
     return state.replace(

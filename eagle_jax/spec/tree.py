@@ -63,16 +63,18 @@ class DraftTree:
 
 def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_tokens,
           root_logits, root_feedback, dcache: KVCache, spec: SpecConfig,
-          sampling: SamplingConfig, keys, *, impl: str = "auto") -> DraftTree:
-    """Build the draft tree for each row.
+          sampling: SamplingConfig, keys, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
+    """Build the draft tree for each row; returns (tree, drafter cache).
 
     root_tokens [B]; root_logits [B, Vd] the drafter's prediction of the token
     after the root; root_feedback [B, H] the feedback that produced it;
     keys [B, 2] row keys (used by sampled chains only);
     dcache holds the drafter's committed context (lengths = target's).
-    The drafter cache is returned to its committed state: drafted K/V are
-    scratch. Draft positions: level-l nodes are processed at drafter position
-    lengths + l - 1 (the target position of their parent).
+    The returned drafter cache has dcache's lengths, with the drafted K/V as
+    scratch in uncommitted slots for the roll-forward to overwrite: one chain
+    of in-place writes, so XLA copies no cache. Draft positions: level-l nodes
+    are processed at drafter position lengths + l - 1 (the target position of
+    their parent).
     """
     k, depth, n = spec.top_k, spec.depth, spec.total_tokens
     b = root_tokens.shape[0]
@@ -153,8 +155,9 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     if sampled_chain:
         q_all = jnp.concatenate(cand_q, axis=1)
         q = jnp.concatenate([jnp.zeros_like(q_all[:, :1]), jnp.take_along_axis(q_all, sel[:, :, None], axis=1)], 1)
-    return DraftTree(
+    tree = DraftTree(
         tokens=jnp.concatenate([root_tokens[:, None], jnp.take_along_axis(token, sel, axis=1)], 1),
         parents=jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), node_parent], 1),
         depth=jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.take_along_axis(level_of, sel, axis=1)], 1),
         q=q)
+    return tree, scratch.replace(lengths=base)

@@ -121,7 +121,7 @@ def _load() -> None:
         for name, symbol in (("eagle_matmul", lib.EagleMatmul), ("eagle_matmul_into", lib.EagleMatmulInto),
                              ("eagle_attention", lib.EagleAttention),
                              ("eagle_cache_write", lib.EagleCacheWrite),
-                             ("eagle_cache_compact", lib.EagleCacheCompact)):
+                             ("eagle_cache_compact", lib.EagleCacheCompact), ("eagle_embed", lib.EagleEmbed)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
         _state["lib"] = lib
 
@@ -265,33 +265,46 @@ def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps:
 # ---------------------------------------------------------------------------
 
 
-def attention(q, k_cache, v_cache, layer, lengths, k_new, v_new, new_mask):
-    """Attend T new queries and store their K/V, for one layer of the cache.
+def attention(qkv, cos, sin, k_cache, v_cache, layer, lengths, new_mask, *, num_heads: int,
+              qk_norm=None, eps: float = 0.0, slot_mask=None):
+    """Attend T new tokens and store their K/V, for one layer of the cache.
 
-    q [B,T,Hq,D]; k_cache/v_cache [L,B,Hkv,S,D] (the whole cache, float32 or
-    bfloat16); layer: int or int32 scalar; lengths [B] committed slots;
-    k_new/v_new [B,T,Hkv,D]; new_mask [B,T,T] bool. head_dim 64 or 128.
+    qkv [B,T,(Hq+2Hkv)*D]: the fused projection, q then k then v heads; cos/sin
+    [B,T,D] (`rope_tables`); k_cache/v_cache [L,B,Hkv,S,D] (the whole cache,
+    float32 or bfloat16); layer: int or int32 scalar; lengths [B] committed
+    slots; new_mask [B,T,T] bool; qk_norm: None or Qwen3's (q_norm, k_norm)
+    weights, each [D], applied per head before RoPE; slot_mask: None or [B,T,S]
+    bool, the cache slots each query may see. head_dim 64 or 128.
 
-    Every query sees slots [0, lengths[b]) of its row plus the new keys its mask
-    row allows; only those slots are read. The new K/V are then written to
-    slots lengths[b] + t of `layer` (past the end: dropped).
-    Everything runs in f32; q, k_new and v_new are taken in the cache's dtype
-    (so that a key scores the same as a new key and later from the cache).
-    Returns (out [B,T,Hq,D] in the cache dtype, k_cache, v_cache), the caches
-    updated in place: thread them from layer to layer.
+    q and k are rotated in the kernel, as `models.layers.rotate_qk` does, and
+    rounded to the cache's dtype (so that a key scores the same as a new key
+    and later from the cache). Every query sees slots [0, lengths[b]) of its
+    row (with a slot mask: the slots its mask row allows) plus the new keys
+    its new_mask row allows; only slots some query may see are read. The
+    new K/V are then written to slots lengths[b] + t of `layer` (past the end:
+    dropped). Returns (out [B,T,Hq,D] in the cache dtype, k_cache, v_cache),
+    the caches updated in place: thread them from layer to layer.
     """
     require()
-    d = q.shape[-1]
+    b, t, width = qkv.shape
+    hkv, d = k_cache.shape[2], k_cache.shape[4]
     if d not in (64, 128):
         raise ValueError(f"the native attention takes head_dim 64 or 128, got {d}")
+    if width != (num_heads + 2 * hkv) * d:
+        raise ValueError(f"qkv width {width} is not (num_heads {num_heads} + 2 x {hkv} KV heads) x head_dim {d}")
     dt = k_cache.dtype
+    gains = (jnp.zeros((1,), dt),) * 2 if qk_norm is None else tuple(g.astype(dt) for g in qk_norm)
+    if slot_mask is not None and slot_mask.shape != (b, t, k_cache.shape[3]):
+        raise ValueError(f"slot_mask must be [B, T, S] = {(b, t, k_cache.shape[3])}, got {slot_mask.shape}")
     cache = jax.ShapeDtypeStruct(k_cache.shape, dt)
     return jax.ffi.ffi_call(
-        "eagle_attention", (jax.ShapeDtypeStruct(q.shape, dt), cache, cache),
-        input_output_aliases={1: 1, 2: 2})(
-        q.astype(dt), k_cache, v_cache, jnp.asarray(layer, jnp.int32).reshape(1),
-        lengths.astype(jnp.int32), k_new.astype(dt), v_new.astype(dt), new_mask.astype(bool),
-        scale=np.float32(1.0 / np.sqrt(d)))
+        "eagle_attention", (jax.ShapeDtypeStruct((b, t, num_heads, d), dt), cache, cache),
+        input_output_aliases={5: 1, 6: 2})(
+        qkv.astype(dt), cos.astype(jnp.float32), sin.astype(jnp.float32), *gains, k_cache, v_cache,
+        jnp.asarray(layer, jnp.int32).reshape(1), lengths.astype(jnp.int32), new_mask.astype(bool),
+        jnp.zeros((1,), bool) if slot_mask is None else slot_mask.astype(bool),
+        scale=np.float32(1.0 / np.sqrt(d)), num_heads=np.int32(num_heads),
+        qk_norm=np.int32(qk_norm is not None), eps=np.float32(eps), slot_masked=np.int32(slot_mask is not None))
 
 
 # ---------------------------------------------------------------------------
@@ -316,3 +329,15 @@ def cache_compact(k_cache, v_cache, lengths, src, n):
     shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
     return jax.ffi.ffi_call("eagle_cache_compact", (shape, shape), input_output_aliases={0: 0, 1: 1})(
         k_cache, v_cache, lengths.astype(jnp.int32), src.astype(jnp.int32), n.astype(jnp.int32))
+
+
+# ---------------------------------------------------------------------------
+# Embedding rows
+# ---------------------------------------------------------------------------
+
+
+def embed(table, ids):
+    """table [V, H], ids [...] int -> table[clip(ids, 0, V - 1)] [..., H]."""
+    require()
+    out = jax.ShapeDtypeStruct((*ids.shape, table.shape[1]), table.dtype)
+    return jax.ffi.ffi_call("eagle_embed", out)(table, ids.astype(jnp.int32))

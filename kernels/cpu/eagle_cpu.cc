@@ -14,10 +14,16 @@
 //                    a preset (test) buffer.
 //   eagle_attention  grouped-query attention of T new tokens over the
 //                    committed slots of one layer of the KV cache, plus the T
-//                    new keys under a [T, T] mask; reads only the live slots
-//                    and stores the new K/V of that layer in place.
+//                    new keys under a [T, T] mask; takes the fused q/k/v
+//                    projection and rotates q and k itself (RoPE, after
+//                    Qwen3's per-head norms when given), reads only the live
+//                    slots (the committed ones, or those an optional per-query
+//                    slot mask shows) and stores the new K/V of that layer in
+//                    place.
 //   eagle_cache_write, eagle_cache_compact
 //                    the cache's slot writes, in place.
+//   eagle_embed      rows of an embedding table (XLA:CPU gathers a bf16 row
+//                    from an f32 copy of the whole table).
 //
 // Determinism: every output element is reduced in an order that depends on
 // neither M (matmul) nor on whether a key sits in the cache or among the new
@@ -547,11 +553,10 @@ constexpr int kRowGroup = 24;  // accumulator vectors per PV row group
 // One task: query rows [r0, r1) of kv head h in batch row b; a query row r is
 // (t = r % T, group member g = r / T), i.e. query head h * G + g.
 template <int NV, typename C>
-void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, const int32_t* lengths,
+void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64_t len, const bool* slot_mask,
                  const C* kn, const C* vn, const bool* mask, C* out, int64_t b, int64_t h,
                  int64_t r0, int64_t r1) {
   constexpr int D = NV * kLanes;
-  const int64_t len = std::clamp<int64_t>(lengths[b], 0, s.S);
   const int64_t nk = len + s.T;  // key candidates: cache slots, then new tokens
   const int64_t rows = r1 - r0;
   const int64_t stride = (nk + 2 * kLanes) & ~int64_t(kLanes - 1);
@@ -576,6 +581,13 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, const
       store(scores.data() + i * stride + j0, reduce16(p) * s.scale);
     }
   }
+  // Slots the query's slot-mask row hides score -inf (an exact zero weight).
+  if (slot_mask != nullptr)
+    for (int64_t i = 0; i < rows; ++i) {
+      const bool* row = slot_mask + (b * s.T + (r0 + i) % s.T) * s.S;
+      for (int64_t j = 0; j < len; ++j)
+        if (!row[j]) scores[i * stride + j] = neg_inf;
+    }
   // New-token scores, one key at a time.
   for (int64_t u = 0; u < s.T; ++u)
     for (int64_t i = 0; i < rows; ++i) {
@@ -629,21 +641,86 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, const
   }
 }
 
-ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache,
-                         ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> lengths, ffi::AnyBuffer k_new,
-                         ffi::AnyBuffer v_new, ffi::Buffer<ffi::PRED> mask, ffi::Result<ffi::AnyBuffer> out,
-                         ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out, float scale) {
-  auto qd = q.dimensions();
+// 16 lanes rounded to C and back (the identity for f32; bf16: to nearest even).
+inline vf round_as(vf x, float) { return x; }
+inline vf round_as(vf x, uint16_t) {
+  vu u;
+  std::memcpy(&u, &x, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+inline void store_as(float* p, vf v) { store(p, v); }
+inline void store_as(uint16_t* p, vf v) {  // v already rounded to bf16: keep the high halves
+  vu u;
+  std::memcpy(&u, &v, sizeof u);
+  vh h = __builtin_convertvector(u >> 16, vh);
+  std::memcpy(p, &h, sizeof h);
+}
+
+// One head vector x [D = 16 NV] -> dst [D], both in C: Qwen3's per-head
+// RMSNorm first when `gain` is given (rounded where models/layers.py rounds),
+// then RoPE: x * cos + rotate_half(x) * sin in f32, rounded to C.
+template <int NV, typename C>
+void rotate_head(const C* x, const float* cos, const float* sin, const C* gain, float eps, C* dst) {
+  const C c_tag{};
+  vf v[NV];
+  for (int c = 0; c < NV; ++c) v[c] = load(x + 16 * c);
+  if (gain != nullptr) {
+    vf ss{};
+    for (int c = 0; c < NV; ++c) ss += v[c] * v[c];
+    const float inv = 1.0f / std::sqrt(hsum(ss) / float(16 * NV) + eps);
+    for (int c = 0; c < NV; ++c) v[c] = round_as(load(gain + 16 * c) * round_as(v[c] * inv, c_tag), c_tag);
+  }
+  constexpr int H = NV / 2;
+  for (int c = 0; c < NV; ++c) {
+    const vf r = c < H ? -v[c + H] : v[c - H];
+    store_as(dst + 16 * c, round_as(v[c] * load(cos + 16 * c) + r * load(sin + 16 * c), c_tag));
+  }
+}
+
+// qkv [B, T, (Hq + 2 Hkv) D] -> q [B, T, Hq, D], k and v [B, T, Hkv, D], q and k rotated.
+template <int NV, typename C>
+void split_rotate(const AttnShape& s, const C* qkv, const float* cos, const float* sin, const C* q_gain,
+                  const C* k_gain, float eps, C* q, C* k, C* v) {
+  const int64_t D = s.D, width = (s.Hq + 2 * s.Hkv) * D;
+  for (int64_t bt = 0; bt < s.B * s.T; ++bt) {
+    const C* row = qkv + bt * width;
+    const float *c = cos + bt * D, *sn = sin + bt * D;
+    for (int64_t h = 0; h < s.Hq; ++h) rotate_head<NV>(row + h * D, c, sn, q_gain, eps, q + (bt * s.Hq + h) * D);
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+      rotate_head<NV>(row + (s.Hq + h) * D, c, sn, k_gain, eps, k + (bt * s.Hkv + h) * D);
+      std::memcpy(v + (bt * s.Hkv + h) * D, row + (s.Hq + s.Hkv + h) * D, D * sizeof(C));
+    }
+  }
+}
+
+ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::AnyBuffer qkv, ffi::Buffer<ffi::F32> cos,
+                         ffi::Buffer<ffi::F32> sin, ffi::AnyBuffer q_gain, ffi::AnyBuffer k_gain,
+                         ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer,
+                         ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::PRED> slot_mask,
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> k_out,
+                         ffi::Result<ffi::AnyBuffer> v_out, float scale, int32_t num_heads, int32_t qk_norm,
+                         float eps, int32_t slot_masked) {
+  auto xd = qkv.dimensions();
   auto cd = k_cache.dimensions();
-  if (qd.size() != 4 || cd.size() != 5)
-    return ffi::Error::InvalidArgument("eagle_attention: q must be [B,T,Hq,D], the cache [L,B,Hkv,S,D]");
-  AttnShape s{qd[0], qd[1], qd[2], cd[2], qd[3], cd[3], 0, cd[0], 0, scale};
-  if ((s.D != 64 && s.D != 128) || cd[4] != s.D || cd[1] != s.B || s.Hq % s.Hkv)
+  if (xd.size() != 3 || cd.size() != 5)
+    return ffi::Error::InvalidArgument("eagle_attention: qkv must be [B,T,(Hq+2Hkv)D], the cache [L,B,Hkv,S,D]");
+  AttnShape s{xd[0], xd[1], num_heads, cd[2], cd[4], cd[3], 0, cd[0], 0, scale};
+  if ((s.D != 64 && s.D != 128) || cd[1] != s.B || s.Hq <= 0 || s.Hq % s.Hkv || xd[2] != (s.Hq + 2 * s.Hkv) * s.D)
     return ffi::Error::InvalidArgument("eagle_attention: head_dim must be 64 or 128 and the shapes agree");
+  if (cos.element_count() != size_t(s.B * s.T * s.D) || sin.element_count() != cos.element_count())
+    return ffi::Error::InvalidArgument("eagle_attention: cos and sin must be [B, T, D]");
   const auto dt = k_cache.element_type();
-  if (v_cache.element_type() != dt || q.element_type() != dt || k_new.element_type() != dt ||
-      v_new.element_type() != dt || out->element_type() != dt || (dt != ffi::F32 && dt != ffi::BF16))
-    return ffi::Error::InvalidArgument("eagle_attention: q, new K/V, caches and out must share one dtype (f32 or bf16)");
+  if (v_cache.element_type() != dt || qkv.element_type() != dt || out->element_type() != dt ||
+      (qk_norm && (q_gain.element_type() != dt || k_gain.element_type() != dt)) ||
+      (dt != ffi::F32 && dt != ffi::BF16))
+    return ffi::Error::InvalidArgument("eagle_attention: qkv, q/k norms, caches and out must share one dtype (f32 or bf16)");
+  if (qk_norm && (q_gain.element_count() != size_t(s.D) || k_gain.element_count() != size_t(s.D)))
+    return ffi::Error::InvalidArgument("eagle_attention: the q/k norm weights must be [D]");
+  if (slot_masked && slot_mask.element_count() != size_t(s.B * s.T * s.S))
+    return ffi::Error::InvalidArgument("eagle_attention: the slot mask must be [B, T, S]");
   adopt(k_cache, k_out);
   adopt(v_cache, v_out);
   s.G = s.Hq / s.Hkv;
@@ -658,17 +735,38 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer 
       R <= 8 ? 1 : std::min<int64_t>(R / 4, std::max<int64_t>(1, (want + units - 1) / units));
   const int64_t rows_per = (R + chunks - 1) / chunks;
   const bool* m = reinterpret_cast<const bool*>(mask.typed_data());
+  const bool* sm = slot_masked ? reinterpret_cast<const bool*>(slot_mask.typed_data()) : nullptr;
+  // Cache slots read per row: the committed ones, or with a slot mask every
+  // slot up to the last one some query of the row may see.
+  std::vector<int64_t> visible(s.B);
+  for (int64_t b = 0; b < s.B; ++b) {
+    visible[b] = std::clamp<int64_t>(lengths.typed_data()[b], 0, s.S);
+    if (sm == nullptr) continue;
+    int64_t hi = 0;
+    for (int64_t t = 0; t < s.T; ++t)
+      for (int64_t j = s.S; j > hi; --j)
+        if (sm[(b * s.T + t) * s.S + j - 1]) {
+          hi = j;
+          break;
+        }
+    visible[b] = hi;
+  }
   auto run = [&](auto tag) {
     using C = decltype(tag);
     auto cast = [](auto& buf) { return static_cast<const C*>(buf.untyped_data()); };
-    const C *qp = cast(q), *kc = cast(k_cache), *vc = cast(v_cache), *kn = cast(k_new), *vn = cast(v_new);
+    std::vector<C> q_rot(s.B * s.T * s.Hq * s.D), k_rot(s.B * s.T * s.Hkv * s.D), v_new(k_rot.size());
+    auto rotate = s.D == 64 ? split_rotate<4, C> : split_rotate<8, C>;
+    rotate(s, cast(qkv), cos.typed_data(), sin.typed_data(), qk_norm ? cast(q_gain) : nullptr,
+           qk_norm ? cast(k_gain) : nullptr, eps, q_rot.data(), k_rot.data(), v_new.data());
+    const C *qp = q_rot.data(), *kc = cast(k_cache), *vc = cast(v_cache), *kn = k_rot.data(), *vn = v_new.data();
     C* o = static_cast<C*>(out->untyped_data());
     parallel_for(pool, units * chunks, [&](int64_t i) {
       int64_t unit = i / chunks, c = i % chunks;
       int64_t r0 = c * rows_per, r1 = std::min(R, r0 + rows_per);
       if (r0 >= r1) return;
       auto f = s.D == 64 ? attend_rows<4, C> : attend_rows<8, C>;
-      f(s, qp, kc, vc, lengths.typed_data(), kn, vn, m, o, unit / s.Hkv, unit % s.Hkv, r0, r1);
+      const int64_t b = unit / s.Hkv;
+      f(s, qp, kc, vc, visible[b], sm, kn, vn, m, o, b, unit % s.Hkv, r0, r1);
     });
     // Then store the new K/V into this layer's slots lengths[b] + t.
     auto* kd = static_cast<C*>(k_out->untyped_data());
@@ -776,7 +874,26 @@ ffi::Error CacheCompactImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi:
   return ffi::Error::Success();
 }
 
+// out[i] = table[clamp(ids[i], 0, V - 1)], rows copied as bytes.
+ffi::Error EmbedImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids, ffi::Result<ffi::AnyBuffer> out) {
+  auto d = table.dimensions();
+  if (d.size() != 2 || d[0] < 1 || out->element_type() != table.element_type() ||
+      out->element_count() != ids.element_count() * size_t(d[1]))
+    return ffi::Error::InvalidArgument("eagle_embed: table must be [V, H] and out [..., H] in its dtype");
+  const size_t row = table.size_bytes() / size_t(d[0]);
+  const auto* src = static_cast<const char*>(table.untyped_data());
+  auto* dst = static_cast<char*>(out->untyped_data());
+  for (size_t i = 0; i < ids.element_count(); ++i) {
+    const int64_t id = std::clamp<int64_t>(ids.typed_data()[i], 0, d[0] - 1);
+    std::memcpy(dst + i * row, src + id * row, row);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleEmbed, EmbedImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleMatmul, MatmulImpl,
                               ffi::Ffi::Bind()
@@ -807,17 +924,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleAttention, AttentionImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("num_heads")
+                                  .Attr<int32_t>("qk_norm")
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("slot_masked"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleCacheWrite, CacheWriteImpl,
                               ffi::Ffi::Bind()

@@ -3,10 +3,11 @@
 matmul against a float64 NumPy product on awkward shapes (M 1..33, K and N
 off the 64-column tile and odd K for bf16 pairs), with the output poisoned
 so an unwritten element shows; the row-independence the greedy equivalence
-rests on (each row bit-for-bit what a single-row call gives); attention
-against the XLA attention of nn/attention.py, including the property that a
-key scores the same as a new token as it later does from the cache; the
-in-place cache writes against the XLA scatter; the fallback without a
+rests on (each row bit-for-bit what a single-row call gives); attention,
+with its q/k split, RoPE and Qwen3 norms, against the model's XLA path,
+including the property that a key scores the same as a new token as it
+later does from the cache; the in-place cache writes against the XLA
+scatter; embedding rows against the clipped take; the fallback without a
 compiler.
 """
 
@@ -16,7 +17,10 @@ import numpy as np
 import pytest
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
+from eagle_jax.config import RopeConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, resolve_impl
+from eagle_jax.models.layers import rotate_qk, split_heads
+from eagle_jax.nn import rope_tables
 from eagle_jax.nn.attention import attention as xla_attention
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"native kernels: {cpu.unavailable_reason()}")
@@ -132,49 +136,85 @@ def test_fused_paths_keep_rows_independent_of_m():
                                           np.concatenate([np.asarray(s[j], np.float32) for s in singles])[idx])
 
 
-def _attention_inputs(rng, dtype, b=2, t=5, hq=9, hkv=3, d=64, layers=3, s=48, lengths=(7, 33)):
+def _attention_inputs(rng, dtype, b=2, t=5, hq=9, hkv=3, d=64, layers=3, s=48, lengths=(7, 33), qk_norm=False):
     arr = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
     mask = jnp.asarray(rng.random((b, t, t)) < 0.5) | jnp.eye(t, dtype=bool)[None]
-    return dict(q=arr(b, t, hq, d), k_cache=arr(layers, b, hkv, s, d), v_cache=arr(layers, b, hkv, s, d),
-                lengths=jnp.asarray(lengths, jnp.int32), k_new=arr(b, t, hkv, d), v_new=arr(b, t, hkv, d),
-                new_mask=mask)
+    positions = jnp.asarray(lengths, jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)
+    cos, sin = rope_tables(positions, RopeConfig(theta=10000.0), d)
+    norms = (arr(d) * 0.1 + 1, arr(d) * 0.1 + 1) if qk_norm else None
+    return dict(qkv=arr(b, t, (hq + 2 * hkv) * d), cos=cos, sin=sin, k_cache=arr(layers, b, hkv, s, d),
+                v_cache=arr(layers, b, hkv, s, d), lengths=jnp.asarray(lengths, jnp.int32), new_mask=mask,
+                num_heads=hq, qk_norm=norms)
+
+
+def _native_attention(a, layer, slot_mask=None, **over):
+    a = {**a, **over}
+    run = jax.jit(lambda *x: cpu.attention(*x[:8], num_heads=a["num_heads"], qk_norm=a["qk_norm"], eps=1e-6,
+                                           slot_mask=x[8]), static_argnums=5)
+    return run(a["qkv"], a["cos"], a["sin"], a["k_cache"], a["v_cache"], layer, a["lengths"], a["new_mask"],
+               slot_mask)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("t,d,lengths", [(1, 64, (7, 33)), (5, 64, (0, 48)), (12, 128, (40, 3)), (3, 64, (46, 47))])
-def test_attention_against_xla(dtype, t, d, lengths):
-    a = _attention_inputs(np.random.default_rng(t + d), dtype, t=t, d=d, lengths=lengths)
-    out, k2, v2 = jax.jit(cpu.attention, static_argnums=3)(a["q"], a["k_cache"], a["v_cache"], 1, a["lengths"],
-                                                          a["k_new"], a["v_new"], a["new_mask"])
+@pytest.mark.parametrize("t,d,lengths,qk_norm", [(1, 64, (7, 33), False), (5, 64, (0, 48), True),
+                                                 (12, 128, (40, 3), False), (3, 64, (46, 47), True)])
+def test_attention_against_xla(dtype, t, d, lengths, qk_norm):
+    """Split, (Qwen3 q/k norms,) RoPE and attention in one call against the model's
+    XLA path: layers.split_heads + rotate_qk + nn/attention.py."""
+    a = _attention_inputs(np.random.default_rng(t + d), dtype, t=t, d=d, lengths=lengths, qk_norm=qk_norm)
+    out, k2, v2 = _native_attention(a, 1)
+    q, k, v = split_heads(a["qkv"], a["num_heads"], a["k_cache"].shape[2], d)
+    norms = a["qk_norm"] or (None, None)
+    q, k = rotate_qk(q, k, a["cos"], a["sin"], q_norm=norms[0], k_norm=norms[1], eps=1e-6)
     f32 = lambda x: x.astype(jnp.float32)
     s = a["k_cache"].shape[3]
-    ref = xla_attention(f32(a["q"]), f32(a["k_cache"][1]), f32(a["v_cache"][1]),
-                        committed_mask(a["lengths"], s, t), f32(a["k_new"]), f32(a["v_new"]), a["new_mask"])
+    ref = xla_attention(f32(q), f32(a["k_cache"][1]), f32(a["v_cache"][1]),
+                        committed_mask(a["lengths"], s, t), f32(k), f32(v), a["new_mask"])
     tol = 2e-6 if dtype == "float32" else 1e-2  # bf16: the output is rounded to bf16
     np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
-    # The new K/V went to slots lengths[b] + t of layer 1 (past the end: dropped); nothing else changed.
+    # The rotated K and the V went to slots lengths[b] + t of layer 1 (past the end: dropped);
+    # nothing else changed. bf16 keys may differ from XLA's rounding by one bf16 step.
     cache = KVCache(a["k_cache"], a["v_cache"], a["lengths"])
-    want = cache.write(jnp.zeros_like(a["k_new"])[None].repeat(3, 0).at[1].set(a["k_new"]),
-                       jnp.zeros_like(a["v_new"])[None].repeat(3, 0).at[1].set(a["v_new"]), impl="xla")
+    want = cache.write(jnp.zeros_like(k)[None].repeat(3, 0).at[1].set(k),
+                       jnp.zeros_like(v)[None].repeat(3, 0).at[1].set(v), impl="xla")
     for layer in range(3):
         expect_k = want.k[layer] if layer == 1 else a["k_cache"][layer]
-        np.testing.assert_array_equal(np.asarray(k2[layer]), np.asarray(expect_k))
+        np.testing.assert_allclose(np.asarray(f32(k2[layer])), np.asarray(f32(expect_k)),
+                                   rtol=2e-6 if dtype == "float32" else 2.0 ** -7, atol=1e-6)
         np.testing.assert_array_equal(np.asarray(v2[layer]), np.asarray(
             want.v[layer] if layer == 1 else a["v_cache"][layer]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_with_a_slot_mask_against_xla(dtype):
+    """A per-query slot mask (the tree drafter's: committed slots plus a node's
+    drafted ancestors) sees exactly the slots it allows, past `lengths` too."""
+    rng = np.random.default_rng(11)
+    a = _attention_inputs(rng, dtype, t=4, lengths=(20, 9))
+    s = a["k_cache"].shape[3]
+    slot_mask = jnp.asarray(rng.random((2, 4, s)) < 0.4).at[:, :, 30:].set(False).at[0, 2, 29].set(True)
+    slot_mask = slot_mask.at[1].set(False)  # a row that sees no cache slot at all
+    out, _, _ = _native_attention(a, 2, slot_mask=slot_mask)
+    q, k, v = split_heads(a["qkv"], a["num_heads"], a["k_cache"].shape[2], 64)
+    q, k = rotate_qk(q, k, a["cos"], a["sin"])
+    f32 = lambda x: x.astype(jnp.float32)
+    ref = xla_attention(f32(q), f32(a["k_cache"][2]), f32(a["v_cache"][2]), slot_mask, f32(k), f32(v),
+                        a["new_mask"])
+    tol = 2e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_attention_key_scores_the_same_new_and_cached(dtype):
     """Verifying 4 tokens at once gives bit for bit what 4 one-token steps give."""
     rng = np.random.default_rng(5)
-    a = _attention_inputs(rng, dtype, b=1, t=4, layers=1, s=64, lengths=(21,))
-    run = jax.jit(cpu.attention, static_argnums=3)
-    causal = causal_mask(1, 4)
-    together, _, _ = run(a["q"], a["k_cache"], a["v_cache"], 0, a["lengths"], a["k_new"], a["v_new"], causal)
+    a = _attention_inputs(rng, dtype, b=1, t=4, layers=1, s=64, lengths=(21,), qk_norm=True)
+    together, _, _ = _native_attention(a, 0, new_mask=causal_mask(1, 4))
     kc, vc = a["k_cache"], a["v_cache"]
     for i in range(4):
-        one, kc, vc = run(a["q"][:, i:i + 1], kc, vc, 0, a["lengths"] + i, a["k_new"][:, i:i + 1],
-                          a["v_new"][:, i:i + 1], causal_mask(1, 1))
+        one, kc, vc = _native_attention(a, 0, qkv=a["qkv"][:, i:i + 1], cos=a["cos"][:, i:i + 1],
+                                        sin=a["sin"][:, i:i + 1], k_cache=kc, v_cache=vc,
+                                        lengths=a["lengths"] + i, new_mask=causal_mask(1, 1))
         np.testing.assert_array_equal(np.asarray(one[:, 0]), np.asarray(together[:, i]))
 
 
@@ -197,6 +237,16 @@ def test_cache_write_and_compact_equal_the_xla_scatter(dtype):
     np.testing.assert_array_equal(np.asarray(a.k), np.asarray(b.k))
     np.testing.assert_array_equal(np.asarray(a.v), np.asarray(b.v))
     np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embed_rows_equal_the_clipped_take(dtype):
+    """Rows bit for bit as `jnp.take(mode="clip")`, ids out of range included."""
+    table = jnp.asarray(np.random.default_rng(9).standard_normal((37, 24)), dtype)
+    ids = jnp.asarray([[0, 36, 5], [-3, 40, 17]], jnp.int32)
+    got = jax.jit(cpu.embed)(table, ids)
+    assert got.shape == (2, 3, 24) and got.dtype == table.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.take(table, ids, axis=0, mode="clip")))
 
 
 def test_without_a_compiler_auto_falls_back_and_native_says_why(monkeypatch, tmp_path):
@@ -225,4 +275,7 @@ def test_bad_inputs_get_clear_errors():
         cpu.matmul(jnp.zeros((2, 8)), cpu.pack_weight(np.zeros((8, 4), np.float32)), residual=jnp.zeros((2, 5)))
     a = _attention_inputs(np.random.default_rng(0), "float32", d=32)
     with pytest.raises(ValueError, match="head_dim 64 or 128"):
-        cpu.attention(a["q"], a["k_cache"], a["v_cache"], 0, a["lengths"], a["k_new"], a["v_new"], a["new_mask"])
+        _native_attention(a, 0)
+    a = _attention_inputs(np.random.default_rng(0), "float32")
+    with pytest.raises(ValueError, match="qkv width 960 is not"):
+        _native_attention(a, 0, num_heads=8)

@@ -77,3 +77,23 @@ def test_smollm2_bundled_drafter_native(dtype):
             else:
                 gap = _first_gap(plain, p, ours, theirs)
                 assert gap is None or gap[1] < BF16_GAP, f"diverged at {gap[0]} with top-2 gap {gap[1]:.3g}"
+
+
+@pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
+def test_the_decoding_loop_copies_no_cache(spec):
+    """The compiled loop threads both KV caches through in-place kernel calls:
+    no `copy` of a cache-sized buffer (the drafted K/V are scratch in the
+    drafter cache, which the roll-forward then overwrites)."""
+    from eagle_jax.config import SamplingConfig
+    from eagle_jax.spec import loop
+
+    tcfg, tparams = native_target()
+    d = smollm2_random_drafter(tcfg, "eagle3.1", draft_vocab=6, scale=0.3)
+    gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="native")
+    _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, SamplingConfig(), 0, True, ())
+    state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
+    hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
+    shapes = {str(state.tcache.k.shape), str(state.dcache.k.shape)}
+    copies = [line for line in hlo.splitlines() if " copy(" in line
+              and any(f"[{s[1:-1].replace(' ', '')}]" in line.split("=")[1].split("copy(")[0] for s in shapes)]
+    assert not copies, copies[:2]
