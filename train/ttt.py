@@ -193,7 +193,8 @@ def _ttt_attention(q, k0, v0, mask0, diag_k, diag_v):
 def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_steps: int, *,
                      impl: str = "auto") -> list[jax.Array]:
     """:func:`unroll` through ``drafter.step`` with a growing cache and :func:`step_masks`
-    (dense masks over ``(i+1)*T`` slots at step i: slower, kept as the reference)."""
+    (dense masks over ``(i+1)*T`` slots at step i: slower, kept as the reference).
+    Differentiable with ``impl="xla"`` (the native CPU kernels have no gradient)."""
     b, t = input_ids.shape
     _check_length(num_steps, t)
     valid = jnp.arange(t, dtype=jnp.int32)[None] < lengths[:, None]

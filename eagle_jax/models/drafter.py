@@ -149,9 +149,12 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
 
     The new K/V are written at slots `cache.lengths + t` but not committed: the
     returned cache has the same `lengths`, and the caller commits what it keeps
-    (`cache.commit`, `cache.compact`), as the target's forward does.
+    (`cache.commit`, `cache.compact`), as the target's forward does. With the
+    native CPU kernels (decoding) the step has no gradient; differentiate it
+    with impl="xla".
     """
     b, t = tokens.shape
+    committed_only = slot_mask is None and cfg.sliding_window is None  # the native kernel's default
     if slot_mask is None:
         slot_mask = committed_mask(cache.lengths, cache.max_len, t)
     new_mask = causal_mask(b, t) if mask is None else mask
@@ -165,7 +168,8 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
     def attend(qkv, cos, sin):
         if native:
             out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
-                                                  num_heads=cfg.num_heads, slot_mask=slot_mask)
+                                                  num_heads=cfg.num_heads,
+                                                  slot_mask=None if committed_only else slot_mask)
             return out.astype(qkv.dtype).reshape(b, t, -1), cache.replace(k=k_cache, v=v_cache)
         q, k, v = rotated_heads(cfg, qkv, cos, sin)
         out = attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)

@@ -12,8 +12,9 @@ from eagle_jax.nn import apply_rope, rms_norm
 def embed_tokens(table: jax.Array, ids: jax.Array, *, impl: str = "auto") -> jax.Array:
     """table [V, H], ids [...] int -> rows [..., H] (ids clipped to the table).
 
-    The native kernel copies the rows; XLA:CPU would gather a bf16 row from
-    an f32 copy of the whole table, made on every call."""
+    The native kernel copies the rows (no gradient: decoding only); XLA:CPU
+    would gather a bf16 row from an f32 copy of the whole table, made on
+    every call."""
     if resolve_impl(impl) == "native":
         return cpu.embed(table, ids)
     return jnp.take(table, ids, axis=0, mode="clip")

@@ -146,7 +146,7 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, tcache: 
     tcache = tcache.replace(lengths=prompt_len.astype(jnp.int32))
     last_logits = target.logits(tparams, lc.target, _last(hidden, prompt_len - 1), impl=lc.impl)
     keys, sub = split_keys(keys, 2)
-    first = sample(sub, last_logits, lc.sampling)
+    first = sample(sub, last_logits, lc.sampling, impl=lc.impl)
     state = DecodeState(
         tcache=tcache, dcache=None, pending=first, root_logits=None, root_feedback=None,
         out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
@@ -191,7 +191,7 @@ def _plain_step(tparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
         logits = target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl)
     with jax.named_scope("accept"):
         keys, sub = split_keys(state.keys, 2)
-        nxt = sample(sub, logits, lc.sampling)
+        nxt = sample(sub, logits, lc.sampling, impl=lc.impl)
         state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
     return state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
 
@@ -204,8 +204,9 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     rows = jnp.arange(b)
     keys, k_draft, k_accept = split_keys(state.keys, 3)
     with jax.named_scope("draft"):
-        draft, dcache = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending, state.root_logits,
-                               state.root_feedback, state.dcache, spec, lc.sampling, k_draft, impl=lc.impl)
+        draft, dcache = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending,
+                                       state.root_logits, state.root_feedback, state.dcache, spec,
+                                       lc.sampling, k_draft, impl=lc.impl)
     base = state.tcache.lengths
     with jax.named_scope("target"):
         hidden, tcache, aux = target.forward(
@@ -213,7 +214,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
             mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids, impl=lc.impl)
         logits = target.logits(tparams, lc.target, hidden, impl=lc.impl)
     with jax.named_scope("accept"):
-        path, n_acc, nxt = accept(draft, logits, spec, lc.sampling, k_accept)
+        path, n_acc, nxt = accept(draft, logits, spec, lc.sampling, k_accept, impl=lc.impl)
         # Emitted tokens: the accepted drafts along the path, then the target's own token.
         j = jnp.arange(spec.depth + 1)[None]
         path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import SamplingConfig
+from eagle_jax.kernels import cpu, resolve_impl
 
 
 def process_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
@@ -60,22 +61,25 @@ def categorical_rows(keys: jax.Array, logits: jax.Array) -> jax.Array:
     return jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(keys, logits).astype(jnp.int32)
 
 
-def greedy(logits: jax.Array) -> jax.Array:
+def greedy(logits: jax.Array, *, impl: str = "auto") -> jax.Array:
     """argmax over the last axis (the first maximal index), int32.
 
-    As two vectorised reductions (max, then the smallest index reaching it):
-    XLA:CPU runs jnp.argmax's joint (value, index) reduction one element at a
-    time, about 1.4 ms over 12 x 49k logits."""
+    Native: one pass per row. XLA: two vectorised reductions (max, then the
+    smallest index reaching it), since XLA:CPU runs jnp.argmax's joint
+    (value, index) reduction one element at a time (about 1.4 ms over
+    12 x 49k logits)."""
+    if resolve_impl(impl) == "native":
+        return cpu.argmax(logits)
     v = logits.shape[-1]
     peak = jnp.max(logits, axis=-1, keepdims=True)
     first = jnp.min(jnp.where(logits == peak, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
     return jnp.minimum(first, v - 1)  # a NaN row (no index reaches NaN) still gives a valid id
 
 
-def sample(keys, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+def sample(keys, logits: jax.Array, sampling: SamplingConfig, *, impl: str = "auto") -> jax.Array:
     """One token per row of logits [B, ..., V]: argmax when greedy, else a draw (keys [B, 2])."""
     if sampling.greedy:
-        return greedy(logits)
+        return greedy(logits, impl=impl)
     return categorical_rows(keys, process_logits(logits, sampling))
 
 

@@ -71,8 +71,9 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     keys [B, 2] row keys (used by sampled chains only);
     dcache holds the drafter's committed context (lengths = target's).
     The returned drafter cache has dcache's lengths, with the drafted K/V as
-    scratch in uncommitted slots for the roll-forward to overwrite: one chain
-    of in-place writes, so XLA copies no cache. Draft positions: level-l nodes
+    scratch in uncommitted slots (the roll-forward writes over the first of
+    them; none is ever visible once committed masks apply): one chain of
+    in-place writes, so XLA copies no cache. Draft positions: level-l nodes
     are processed at drafter position lengths + l - 1 (the target position of
     their parent).
     """

@@ -22,7 +22,8 @@ from eagle_jax.spec.sampling import greedy, probabilities, sample_probs, split_k
 from eagle_jax.spec.tree import DraftTree
 
 
-def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingConfig, keys):
+def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingConfig, keys, *,
+           impl: str = "auto"):
     """target_logits [B, N, V] of every tree node (node i's logits predict its child).
 
     keys [B, 2] row keys. Returns (path [B, D+1] node indices starting with the root, valid for the
@@ -37,7 +38,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingC
     accepted = jnp.zeros((b,), jnp.int32)
     path = [cur]
     if sampling.greedy:
-        choice = greedy(target_logits)  # [B, N]
+        choice = greedy(target_logits, impl=impl)  # [B, N]
         for _ in range(depth):
             want = choice[rows, cur]
             ch = children[rows, cur]  # [B, width]

@@ -13,11 +13,19 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
 * `matmul(x, pw)`: x [..., K] -> float32 [..., N]; x is cast to the
   weight's dtype (bf16 x bf16 products are exact in f32; accumulation f32);
   optionally with an RMSNorm of x first and a residual add or SwiGLU after.
-* `attention(...)`: T new queries over the committed slots of one layer of a
-  [L, B, Hkv, S, D] cache plus the T new keys under a [B, T, T] mask; it also
-  stores the new K/V in that layer (the cache is threaded through the layers).
+* `attention(...)`: the fused q/k/v projection of T new tokens, rotated in
+  the kernel (RoPE, Qwen3's q/k norms), over the committed slots of one layer
+  of a [L, B, Hkv, S, D] cache (or those a per-query slot mask shows) plus the
+  T new keys under a [B, T, T] mask; it also stores the new K/V in that layer
+  (the cache is threaded through the layers and the drafter steps).
 * `cache_write`, `cache_compact`: the KV cache's slot updates, in place
   (XLA:CPU runs a bf16 scatter by converting the whole cache to f32 and back).
+* `embed(table, ids)`: embedding rows (XLA:CPU gathers a bf16 row from an f32
+  copy of the whole table).
+* `argmax(x)`: the first maximal index of each float32 row, in one pass
+  (the XLA path takes two over the logits).
+
+None of these has a gradient rule: they serve decoding; training runs XLA.
 
 The library is compiled from `eagle_cpu.cc` with the system C++ compiler on
 first use (or by `make setup`: `python -m eagle_jax.kernels.cpu`) into
@@ -121,7 +129,8 @@ def _load() -> None:
         for name, symbol in (("eagle_matmul", lib.EagleMatmul), ("eagle_matmul_into", lib.EagleMatmulInto),
                              ("eagle_attention", lib.EagleAttention),
                              ("eagle_cache_write", lib.EagleCacheWrite),
-                             ("eagle_cache_compact", lib.EagleCacheCompact), ("eagle_embed", lib.EagleEmbed)):
+                             ("eagle_cache_compact", lib.EagleCacheCompact), ("eagle_embed", lib.EagleEmbed),
+                             ("eagle_argmax", lib.EagleArgmax)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
         _state["lib"] = lib
 
@@ -276,11 +285,13 @@ def attention(qkv, cos, sin, k_cache, v_cache, layer, lengths, new_mask, *, num_
     weights, each [D], applied per head before RoPE; slot_mask: None or [B,T,S]
     bool, the cache slots each query may see. head_dim 64 or 128.
 
-    q and k are rotated in the kernel, as `models.layers.rotate_qk` does, and
-    rounded to the cache's dtype (so that a key scores the same as a new key
-    and later from the cache). Every query sees slots [0, lengths[b]) of its
-    row (with a slot mask: the slots its mask row allows) plus the new keys
-    its new_mask row allows; only slots some query may see are read. The
+    qkv is taken in the cache's dtype; q and k are rotated in the kernel, as
+    `models.layers.rotate_qk` does, and rounded to that dtype (so that a key
+    scores the same as a new key and later from the cache). Every query sees
+    slots [0, lengths[b]) of its row (with a slot mask: the slots its mask
+    row allows) plus the new keys its new_mask row allows; the slots read are
+    the committed ones and, with a slot mask, every one up to the last that
+    some query of the row may see. The
     new K/V are then written to slots lengths[b] + t of `layer` (past the end:
     dropped). Returns (out [B,T,Hq,D] in the cache dtype, k_cache, v_cache),
     the caches updated in place: thread them from layer to layer.
@@ -341,3 +352,9 @@ def embed(table, ids):
     require()
     out = jax.ShapeDtypeStruct((*ids.shape, table.shape[1]), table.dtype)
     return jax.ffi.ffi_call("eagle_embed", out)(table, ids.astype(jnp.int32))
+
+
+def argmax(x):
+    """x [..., V] float32 -> [...] int32: the first maximal index (V - 1 for a row holding a NaN)."""
+    require()
+    return jax.ffi.ffi_call("eagle_argmax", jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32))(x.astype(jnp.float32))

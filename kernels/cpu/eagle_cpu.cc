@@ -17,13 +17,14 @@
 //                    new keys under a [T, T] mask; takes the fused q/k/v
 //                    projection and rotates q and k itself (RoPE, after
 //                    Qwen3's per-head norms when given), reads only the live
-//                    slots (the committed ones, or those an optional per-query
-//                    slot mask shows) and stores the new K/V of that layer in
-//                    place.
+//                    slots (the committed ones, plus those an optional
+//                    per-query slot mask shows; masked slots score -inf) and
+//                    stores the new K/V of that layer in place.
 //   eagle_cache_write, eagle_cache_compact
 //                    the cache's slot writes, in place.
 //   eagle_embed      rows of an embedding table (XLA:CPU gathers a bf16 row
 //                    from an f32 copy of the whole table).
+//   eagle_argmax     the first maximal index of each f32 row (greedy tokens).
 //
 // Determinism: every output element is reduced in an order that depends on
 // neither M (matmul) nor on whether a key sits in the cache or among the new
@@ -641,18 +642,8 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
   }
 }
 
-// 16 lanes rounded to C and back (the identity for f32; bf16: to nearest even).
-inline vf round_as(vf x, float) { return x; }
-inline vf round_as(vf x, uint16_t) {
-  vu u;
-  std::memcpy(&u, &x, sizeof u);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-
 inline void store_as(float* p, vf v) { store(p, v); }
-inline void store_as(uint16_t* p, vf v) {  // v already rounded to bf16: keep the high halves
+inline void store_as(uint16_t* p, vf v) {  // v already rounded to bf16 (round_as): keep the high halves
   vu u;
   std::memcpy(&u, &v, sizeof u);
   vh h = __builtin_convertvector(u >> 16, vh);
@@ -664,19 +655,19 @@ inline void store_as(uint16_t* p, vf v) {  // v already rounded to bf16: keep th
 // then RoPE: x * cos + rotate_half(x) * sin in f32, rounded to C.
 template <int NV, typename C>
 void rotate_head(const C* x, const float* cos, const float* sin, const C* gain, float eps, C* dst) {
-  const C c_tag{};
+  const C* tag = nullptr;  // selects round_as for C
   vf v[NV];
   for (int c = 0; c < NV; ++c) v[c] = load(x + 16 * c);
   if (gain != nullptr) {
     vf ss{};
     for (int c = 0; c < NV; ++c) ss += v[c] * v[c];
     const float inv = 1.0f / std::sqrt(hsum(ss) / float(16 * NV) + eps);
-    for (int c = 0; c < NV; ++c) v[c] = round_as(load(gain + 16 * c) * round_as(v[c] * inv, c_tag), c_tag);
+    for (int c = 0; c < NV; ++c) v[c] = round_as(load(gain + 16 * c) * round_as(v[c] * inv, tag), tag);
   }
   constexpr int H = NV / 2;
   for (int c = 0; c < NV; ++c) {
     const vf r = c < H ? -v[c + H] : v[c - H];
-    store_as(dst + 16 * c, round_as(v[c] * load(cos + 16 * c) + r * load(sin + 16 * c), c_tag));
+    store_as(dst + 16 * c, round_as(v[c] * load(cos + 16 * c) + r * load(sin + 16 * c), tag));
   }
 }
 
@@ -736,13 +727,15 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::AnyBuffer qkv, ffi::Buffer<f
   const int64_t rows_per = (R + chunks - 1) / chunks;
   const bool* m = reinterpret_cast<const bool*>(mask.typed_data());
   const bool* sm = slot_masked ? reinterpret_cast<const bool*>(slot_mask.typed_data()) : nullptr;
-  // Cache slots read per row: the committed ones, or with a slot mask every
-  // slot up to the last one some query of the row may see.
+  // Cache slots read per row: the committed ones, and with a slot mask also
+  // those up to the last one some query of the row may see. Never fewer than
+  // the committed ones: new key u then sits at index lengths + u, the lane
+  // of the slot it is written to (the softmax sums by lanes of key index).
   std::vector<int64_t> visible(s.B);
   for (int64_t b = 0; b < s.B; ++b) {
     visible[b] = std::clamp<int64_t>(lengths.typed_data()[b], 0, s.S);
     if (sm == nullptr) continue;
-    int64_t hi = 0;
+    int64_t hi = visible[b];
     for (int64_t t = 0; t < s.T; ++t)
       for (int64_t j = s.S; j > hi; --j)
         if (sm[(b * s.T + t) * s.S + j - 1]) {
@@ -890,7 +883,54 @@ ffi::Error EmbedImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids, ffi::Resul
   return ffi::Error::Success();
 }
 
+// out[r] = the first index of row r's maximum; a row holding a NaN gives V - 1
+// (as the XLA path, whose max is then NaN and matches no element).
+ffi::Error ArgmaxImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Result<ffi::Buffer<ffi::S32>> out) {
+  auto d = x.dimensions();
+  if (d.size() == 0 || d.back() < 1 || out->element_count() * size_t(d.back()) != x.element_count())
+    return ffi::Error::InvalidArgument("eagle_argmax: x must be [..., V] and out [...]");
+  const int64_t V = d.back(), rows = int64_t(out->element_count());
+  const float* xp = x.typed_data();
+  int32_t* op = out->typed_data();
+  parallel_for(pool, rows, [&](int64_t r) {
+    const float* row = xp + r * V;
+    vf vmx = splat(-INFINITY);
+    vi nan{};
+    int64_t j = 0;
+    for (; j + kLanes <= V; j += kLanes) {
+      vf v = load(row + j);
+      nan |= v != v;
+      vmx = v > vmx ? v : vmx;
+    }
+    float mx = -INFINITY;
+    bool has_nan = false;
+    for (int l = 0; l < kLanes; ++l) {
+      mx = std::max(mx, vmx[l]);
+      has_nan |= nan[l] != 0;
+    }
+    for (int64_t t = j; t < V; ++t) {
+      has_nan |= row[t] != row[t];
+      mx = std::max(mx, row[t]);
+    }
+    int64_t first = V - 1;
+    if (!has_nan)
+      for (int64_t t = 0; t < V; ++t)
+        if (row[t] == mx) {
+          first = t;
+          break;
+        }
+    op[r] = int32_t(first);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleArgmax, ArgmaxImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleEmbed, EmbedImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::AnyBuffer>());

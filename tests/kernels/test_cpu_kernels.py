@@ -7,8 +7,8 @@ rests on (each row bit-for-bit what a single-row call gives); attention,
 with its q/k split, RoPE and Qwen3 norms, against the model's XLA path,
 including the property that a key scores the same as a new token as it
 later does from the cache; the in-place cache writes against the XLA
-scatter; embedding rows against the clipped take; the fallback without a
-compiler.
+scatter; embedding rows against the clipped take; argmax against the XLA
+greedy; the fallback without a compiler.
 """
 
 import jax
@@ -247,6 +247,23 @@ def test_embed_rows_equal_the_clipped_take(dtype):
     got = jax.jit(cpu.embed)(table, ids)
     assert got.shape == (2, 3, 24) and got.dtype == table.dtype
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.take(table, ids, axis=0, mode="clip")))
+
+
+def test_argmax_equals_the_xla_greedy():
+    """First maximal index per row, as spec/sampling.greedy's XLA path: ties,
+    a NaN row, an all -inf row, V off the 16-lane vector."""
+    from eagle_jax.spec.sampling import greedy
+
+    x = np.random.default_rng(4).standard_normal((3, 5, 101)).astype(np.float32)
+    x[0, 0, [7, 90]] = 50.0  # a tie: the first index wins
+    x[0, 1, 100] = 60.0  # the maximum in the scalar tail
+    x[1, 2, 3] = np.nan
+    x[2, 4] = -np.inf
+    x = jnp.asarray(x)
+    got = jax.jit(cpu.argmax)(x)
+    assert got.dtype == jnp.int32 and got.shape == (3, 5)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(greedy(x, impl="xla")))
+    assert int(got[0, 0]) == 7 and int(got[0, 1]) == 100 and int(got[1, 2]) == 100
 
 
 def test_without_a_compiler_auto_falls_back_and_native_says_why(monkeypatch, tmp_path):
