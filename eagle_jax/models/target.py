@@ -64,13 +64,20 @@ def pack_for_cpu(params, cfg: TargetConfig):
 
 def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unroll: bool | None = None):
     """The parameters the decoding loop runs on: per-layer buffers on CPU
-    (`unstack_layers`, unless `unroll` says otherwise) and, when `impl`
-    resolves to the native CPU kernels, packed projections (`pack_for_cpu`)."""
+    (`unstack_layers`, unless `unroll` says otherwise); when `impl` resolves
+    to the native CPU kernels, packed projections (`pack_for_cpu`); for the
+    Pallas kernels, which take W as [K, N], a tied lm_head made once as the
+    transposed embedding (else every step would transpose the embedding)."""
     if unroll is None:
         unroll = jax.default_backend() == "cpu"
     if unroll:
         params = unstack_layers(params)
-    return pack_for_cpu(params, cfg) if resolve_impl(impl) == "native" else params
+    resolved = resolve_impl(impl)
+    if resolved == "native":
+        return pack_for_cpu(params, cfg)
+    if resolved == "pallas" and cfg.tie_word_embeddings and "lm_head" not in params:
+        return {**params, "lm_head": jnp.asarray(params["embed"].T)}
+    return params
 
 
 def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, native: bool):
@@ -162,9 +169,9 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
 
 
 def lm_head_weight(params, cfg: TargetConfig):
-    """[H, V]: the output projection (packed by `pack_for_cpu`, even when tied),
-    else the transposed embedding when tied."""
-    if cfg.tie_word_embeddings and not isinstance(params.get("lm_head"), cpu.PackedWeight):
+    """[H, V]: the output projection (when tied: made by `prepare_for_decoding`,
+    packed or not), else the transposed embedding when tied."""
+    if cfg.tie_word_embeddings and "lm_head" not in params:
         return params["embed"].T
     return params["lm_head"]
 
