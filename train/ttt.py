@@ -57,6 +57,7 @@ import optax
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
 from eagle_jax.models import drafter
+from eagle_jax.models.layers import rotated_heads
 
 __all__ = ["LABELS", "step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
 
@@ -130,7 +131,7 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + i, (b, t))
 
         def attend(qkv, cos, sin, i=i):
-            q, k, v = drafter.rotated_heads(dcfg, qkv, cos, sin)
+            q, k, v = rotated_heads(dcfg, qkv, cos, sin)
             if i == 0:
                 return _ttt_attention(q, k, v, mask0, [], []), (k, v)
             return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v]), (k, v)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import embed_tokens, rotate_qk, split_heads, swiglu_mlp
+from eagle_jax.models.layers import embed_tokens, native_attention, rotated_heads, swiglu_mlp
 from eagle_jax.nn import attention, rms_norm, rope_tables
 
 
@@ -85,18 +85,11 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
     return matmul(aux, params["fc"])
 
 
-def rotated_heads(cfg: DrafterConfig, qkv, cos, sin):
-    """qkv [B,T,(Hq+2Hkv)*D], cos/sin [B,T,D] -> q [B,T,Hq,D], k and v [B,T,Hkv,D], q and k rotated."""
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    q, k = rotate_qk(q, k, cos, sin)
-    return q, k, v
-
-
 def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend, *,
                   embed=None, impl: str = "auto"):
     """The decoder layer with the attention supplied by
     `attend(qkv, cos, sin) -> (out [B, T, Hq*D], extra)`: it gets the fused
-    projection and the RoPE tables (`rotated_heads` splits and rotates them).
+    projection and the RoPE tables (`layers.rotated_heads` splits and rotates them).
     Shared by `step` (extra: the cache with the new K/V written) and the
     training-time-test unroll (train/ttt.py, extra: the rotated k and v),
     which attends differently.
@@ -163,7 +156,7 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
 
     # The native kernel reads the cache in place and writes the new K/V into
     # it in the same call: one chain of in-place updates, no copy of the cache.
-    native = resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and cfg.head_dim in (64, 128)
+    native = native_attention(impl, t, cfg.head_dim)
 
     def attend(qkv, cos, sin):
         if native:

@@ -20,6 +20,13 @@ def embed_tokens(table: jax.Array, ids: jax.Array, *, impl: str = "auto") -> jax
     return jnp.take(table, ids, axis=0, mode="clip")
 
 
+def native_attention(impl: str, t: int, head_dim: int) -> bool:
+    """Whether attention over t new tokens per row runs in the native CPU
+    kernel: decode and verify steps; prefill chunks (long t) and other head
+    sizes attend through XLA."""
+    return resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and head_dim in (64, 128)
+
+
 def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int):
     """qkv [B, T, (Hq + 2 Hkv) D] -> q [B,T,Hq,D], k [B,T,Hkv,D], v [B,T,Hkv,D]."""
     b, t, _ = qkv.shape
@@ -36,6 +43,15 @@ def rotate_qk(q, k, cos, sin, *, q_norm=None, k_norm=None, eps=1e-6):
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def rotated_heads(cfg, qkv, cos, sin, *, q_norm=None, k_norm=None, eps=1e-6):
+    """The XLA path of what the native attention does first: qkv [B,T,(Hq+2Hkv)*D],
+    cos/sin [B,T,D] -> q [B,T,Hq,D], k and v [B,T,Hkv,D], q and k rotated
+    (`rotate_qk`); cfg gives num_heads, num_kv_heads, head_dim."""
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    q, k = rotate_qk(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, eps=eps)
+    return q, k, v
 
 
 def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, impl="auto"):

@@ -17,7 +17,7 @@ import numpy as np
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import embed_tokens, rotate_qk, split_heads, swiglu_mlp
+from eagle_jax.models.layers import embed_tokens, native_attention, rotated_heads, swiglu_mlp
 from eagle_jax.nn import attention, rope_tables
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
@@ -93,8 +93,8 @@ def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, na
         out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, i, cache.lengths, new_mask,
                                               num_heads=cfg.num_heads, qk_norm=qk_norm, eps=cfg.rms_norm_eps)
         return out.astype(qkv.dtype), None, None, cache.replace(k=k_cache, v=v_cache)
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    q, k = rotate_qk(q, k, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"), eps=cfg.rms_norm_eps)
+    q, k, v = rotated_heads(cfg, qkv, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"),
+                            eps=cfg.rms_norm_eps)
     cache_mask = committed_mask(cache.lengths, cache.max_len, q.shape[1])
     return attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask), k, v, cache
 
@@ -129,8 +129,7 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     new_mask = causal_mask(b, t) if mask is None else mask
     # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
-    native = (resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS
-              and cfg.head_dim in (64, 128))
+    native = native_attention(impl, t, cfg.head_dim)
 
     def run_layer(p, h, cache, i):
         return _layer(p, cfg, h, cos, sin, cache, i, new_mask, native, impl)

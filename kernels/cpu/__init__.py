@@ -22,8 +22,8 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
   (XLA:CPU runs a bf16 scatter by converting the whole cache to f32 and back).
 * `embed(table, ids)`: embedding rows (XLA:CPU gathers a bf16 row from an f32
   copy of the whole table).
-* `argmax(x)`: the first maximal index of each float32 row, in one pass
-  (the XLA path takes two over the logits).
+* `argmax(x)`: the first maximal index of each float32 row: a vectorised max,
+  then a scan that stops at that index (the XLA path reduces the whole row twice).
 
 None of these has a gradient rule: they serve decoding; training runs XLA.
 
@@ -291,9 +291,8 @@ def attention(qkv, cos, sin, k_cache, v_cache, layer, lengths, new_mask, *, num_
     slots [0, lengths[b]) of its row (with a slot mask: the slots its mask
     row allows) plus the new keys its new_mask row allows; the slots read are
     the committed ones and, with a slot mask, every one up to the last that
-    some query of the row may see. The
-    new K/V are then written to slots lengths[b] + t of `layer` (past the end:
-    dropped). Returns (out [B,T,Hq,D] in the cache dtype, k_cache, v_cache),
+    some query of the row may see. The new K/V are then written to slots
+    lengths[b] + t of `layer` (past the end: dropped). Returns (out [B,T,Hq,D] in the cache dtype, k_cache, v_cache),
     the caches updated in place: thread them from layer to layer.
     """
     require()
