@@ -197,12 +197,28 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, F fn) {
 constexpr int kMaxRows = 6;  // rows of x per register tile
 constexpr int kCols = 64;    // columns per tile (4 vectors)
 
+// While a later pass over a tile computes from cache, memory would idle: so
+// every pass of a multi-pass tile also fetches part of the task's next tile
+// into L2, a share of its lines in proportion to the pass's rows (`Prefetch`:
+// `rate` lines per k step in 16.16 fixed point). A tile is 4 cache lines per
+// k step (f32: 64 floats of one row of W; bf16: 64 pairs).
+struct Prefetch {
+  const char* next = nullptr;  // the next line to fetch; nullptr: none
+  int64_t rate = 0, frac = 0;
+  void step() {
+    if (next == nullptr) return;
+    for (frac += rate; frac >= (int64_t(1) << 16); frac -= int64_t(1) << 16, next += 64)
+      __builtin_prefetch(next, 0, 2);
+  }
+};
+
 // f32: acc[m] += x[m, k] * W[k, tile], k in order.
 template <int MT>
-void tile_f32(const float* x, const float* w, float* out, int64_t K) {
+void tile_f32(const float* x, const float* w, float* out, int64_t K, Prefetch pf) {
   vf acc[MT][4] = {};
   for (int64_t k = 0; k < K; ++k) {
     const float* row = w + k * kCols;
+    pf.step();
     vf w0 = load(row), w1 = load(row + 16), w2 = load(row + 32), w3 = load(row + 48);
     for (int m = 0; m < MT; ++m) {
       vf b = splat(x[m * K + k]);
@@ -238,10 +254,11 @@ inline vf dot_pairs(vf acc, uint32_t xpair, const uint16_t* wp) {
 #endif
 
 template <int MT>
-void tile_bf16(const uint32_t* x, const uint16_t* w, float* out, int64_t K2) {
+void tile_bf16(const uint32_t* x, const uint16_t* w, float* out, int64_t K2, Prefetch pf) {
   vf acc[MT][4] = {};
   for (int64_t i = 0; i < K2; ++i) {
     const uint16_t* row = w + i * 2 * kCols;
+    pf.step();
     for (int m = 0; m < MT; ++m) {
       uint32_t xp = x[m * K2 + i];
       acc[m][0] = dot_pairs(acc[m][0], xp, row);
@@ -255,9 +272,9 @@ void tile_bf16(const uint32_t* x, const uint16_t* w, float* out, int64_t K2) {
 }
 
 template <int MT, typename X, typename W>
-void tile(const X* x, const W* w, float* out, int64_t kx) {
-  if constexpr (std::is_same_v<W, float>) tile_f32<MT>(x, w, out, kx);
-  else tile_bf16<MT>(x, w, out, kx);
+void tile(const X* x, const W* w, float* out, int64_t kx, Prefetch pf) {
+  if constexpr (std::is_same_v<W, float>) tile_f32<MT>(x, w, out, kx, pf);
+  else tile_bf16<MT>(x, w, out, kx, pf);
 }
 
 // What a call does around the product, per output element (acc: the f32
@@ -316,31 +333,42 @@ void finish(const Outputs<Y>& o, const float* acc, const float* up, int64_t m0, 
 }
 
 template <typename X, typename W>
-void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx) {
+void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx, Prefetch pf) {
   switch (rows) {
-    case 1: tile<1>(x, w, out, kx); break;
-    case 2: tile<2>(x, w, out, kx); break;
-    case 3: tile<3>(x, w, out, kx); break;
-    case 4: tile<4>(x, w, out, kx); break;
-    case 5: tile<5>(x, w, out, kx); break;
-    default: tile<6>(x, w, out, kx); break;
+    case 1: tile<1>(x, w, out, kx, pf); break;
+    case 2: tile<2>(x, w, out, kx, pf); break;
+    case 3: tile<3>(x, w, out, kx, pf); break;
+    case 4: tile<4>(x, w, out, kx, pf); break;
+    case 5: tile<5>(x, w, out, kx, pf); break;
+    default: tile<6>(x, w, out, kx, pf); break;
   }
 }
 
 // Output column tile t for all M rows. kx: the row length of x in X units (K
 // or K/2). For swiglu, tile t pairs weight tiles t (gate) and t + tiles (up).
+// prefetch_next: tile t + 1 belongs to the same task (one pass alone fetches
+// nothing: the hardware prefetcher keeps up with a single stream).
 template <typename X, typename W, typename Y>
 void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx, int64_t t,
-                 int64_t tiles) {
+                 int64_t tiles, bool prefetch_next) {
   const int64_t tile_elems = kx * (std::is_same_v<W, float> ? 1 : 2) * kCols;
   const W* wt = w + t * tile_elems;
   const int64_t n0 = t * kCols, width = std::min<int64_t>(kCols, o.N - n0);
+  const bool fetch = prefetch_next;
   alignas(64) float buf[kMaxRows * kCols], up[kMaxRows * kCols];
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
     const X* xm = x + m0 * kx;
     const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
-    tile_rows(xm, wt, buf, rows, kx);
-    if (o.kind == kSwiglu) tile_rows(xm, wt + tiles * tile_elems, up, rows, kx);
+    Prefetch pf;
+    if (fetch) {  // lines [4 kx m0 / M, 4 kx (m0 + rows) / M) of the next tile
+      pf.next = reinterpret_cast<const char*>(wt + tile_elems) + 4 * kx * m0 / M * 64;
+      pf.rate = (((4 * kx * (m0 + rows) / M) - (4 * kx * m0 / M)) << 16) / kx;
+    }
+    tile_rows(xm, wt, buf, rows, kx, pf);
+    if (o.kind == kSwiglu) {
+      if (fetch) pf.next += tiles * tile_elems * sizeof(W);
+      tile_rows(xm, wt + tiles * tile_elems, up, rows, kx, pf);
+    }
     finish(o, buf, up, m0, rows, n0, width);
   }
 }
@@ -348,13 +376,27 @@ void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t
 template <typename X, typename W, typename Y>
 void matmul(ffi::ThreadPool& pool, const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx) {
   const int64_t tiles = (o.N + kCols - 1) / kCols;
-  // Several tiles per task, so that a task streams >= ~128 KiB of W.
-  const int64_t tile_bytes = kx * kCols * sizeof(X) * (o.kind == kSwiglu ? 2 : 1);
-  const int64_t per_task = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, tile_bytes));
-  const int64_t tasks = (tiles + per_task - 1) / per_task;
+  if (M < 2 * kMaxRows) {
+    // Several tiles per task, so that a task streams >= ~128 KiB of W.
+    const int64_t tile_bytes = kx * kCols * sizeof(X) * (o.kind == kSwiglu ? 2 : 1);
+    const int64_t per_task = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, tile_bytes));
+    const int64_t tasks = (tiles + per_task - 1) / per_task;
+    parallel_for(pool, tasks, [&](int64_t task) {
+      for (int64_t t = task * per_task; t < std::min(tiles, (task + 1) * per_task); ++t)
+        column_tile(x, w, o, M, kx, t, tiles, false);
+    });
+    return;
+  }
+  // Two or more full passes per tile (measured: fetching ahead paid from
+  // M = 12 on, and cost at M = 8): contiguous runs of tiles per task, so
+  // that its passes can fetch the task's next tile; one run per thread for
+  // small weights (the best split of their few tiles anyway), runs of about
+  // 8 tiles for large ones.
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t tasks = std::min(tiles, threads * std::max<int64_t>(1, tiles / (8 * threads)));
   parallel_for(pool, tasks, [&](int64_t task) {
-    for (int64_t t = task * per_task; t < std::min(tiles, (task + 1) * per_task); ++t)
-      column_tile(x, w, o, M, kx, t, tiles);
+    const int64_t t0 = task * tiles / tasks, t1 = (task + 1) * tiles / tasks;
+    for (int64_t t = t0; t < t1; ++t) column_tile(x, w, o, M, kx, t, tiles, t + 1 < t1);
   });
 }
 
@@ -457,67 +499,23 @@ ffi::Error MatmulIntoImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer
 //
 // Per query row: scores of every visible key in key order (cache slots
 // 0..len-1, then the new tokens its mask row allows), softmax weights
-// exp(s - max), their sum by lanes of key index, then the sequential
-// weighted sum of V.
-// A score is 16 lane partials over D (`QueryRow`: f32 FMAs, or bf16 pair dots
-// for a bf16 cache) reduced by the `hsum` tree, whether
-// it is computed one key at a time (new tokens) or 16 cache slots at once
-// (`reduce16`, the same tree per slot): a token gets the same score as a new
-// key as it does later from the cache, so a verify step equals plain steps.
+// exp(s - max), their sum by lanes of key index, then the weighted sum of V
+// with the normalised weights, keys in order.
+// Keys are scored 16 at a time by key index, whether a key sits in the cache
+// or among the new tokens: the block is transposed so that lane l holds key
+// l, and each score is one chain over D (`score_rows`: f32 FMAs, or bf16
+// pair dots for a bf16 cache). A token thus gets the same score, weight and
+// share of the output as a new key as it does later from the cache, so a
+// verify step equals plain steps.
 // The call also writes the new K/V into its layer of the cache (aliased), so
 // the cache passes from layer to layer without XLA copies.
 
-// 16 vectors of lane partials (p[j]: slot j) -> one vector of the 16 sums,
-// each reduced as hsum does: lanes (i, i+8), then (i, i+4), (i, i+2), (0, 1).
-inline vf reduce16(const vf* p) {
-  vf c[8], e[4], g[2];
-  for (int a = 0; a < 8; ++a) {
-    vf lo = __builtin_shufflevector(p[2 * a], p[2 * a + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-    vf hi = __builtin_shufflevector(p[2 * a], p[2 * a + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    c[a] = lo + hi;
-  }
-  for (int b = 0; b < 4; ++b) {
-    vf lo = __builtin_shufflevector(c[2 * b], c[2 * b + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    vf hi = __builtin_shufflevector(c[2 * b], c[2 * b + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    e[b] = lo + hi;
-  }
-  for (int q = 0; q < 2; ++q) {
-    vf lo = __builtin_shufflevector(e[2 * q], e[2 * q + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-    vf hi = __builtin_shufflevector(e[2 * q], e[2 * q + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    g[q] = lo + hi;
-  }
-  vf lo = __builtin_shufflevector(g[0], g[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  vf hi = __builtin_shufflevector(g[0], g[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  return lo + hi;
-}
-
-// One query row, ready to score keys: 16 lane partials of q . k over D = 16 NV.
-// f32: an FMA chain over the NV vectors. bf16: AVX512-BF16 dots over the D/2
-// pairs (exact products, the pair summed odd then even, as dot_pairs).
-template <int NV, typename C>
-struct QueryRow;
-
-template <int NV>
-struct QueryRow<NV, float> {
-  vf v[NV];
-  void set(const float* q) {
-    for (int c = 0; c < NV; ++c) v[c] = load(q + 16 * c);
-  }
-  vf dot(const float* k) const {
-    vf acc = v[0] * load(k);
-    for (int c = 1; c < NV; ++c) acc += v[c] * load(k + 16 * c);
-    return acc;
-  }
-};
-
-inline vf dot_pair_vectors(vf acc, vu a, const uint16_t* b) {
+// acc + the 16 pair dots of a and b (AVX512-BF16 order: odd halves, then even).
+inline vf dot_pair_registers(vf acc, vu a, vu b) {
 #if defined(__AVX512BF16__)
-  __m512i bv = _mm512_loadu_si512(b);
-  return (vf)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)bv);
+  return (vf)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
 #else
-  vu u;
-  std::memcpy(&u, b, sizeof u);
-  vu a_lo = a << 16, a_hi = a & 0xffff0000u, b_lo = u << 16, b_hi = u & 0xffff0000u;
+  vu a_lo = a << 16, a_hi = a & 0xffff0000u, b_lo = b << 16, b_hi = b & 0xffff0000u;
   vf fa_lo, fa_hi, fb_lo, fb_hi;
   std::memcpy(&fa_lo, &a_lo, sizeof fa_lo);
   std::memcpy(&fa_hi, &a_hi, sizeof fa_hi);
@@ -529,19 +527,65 @@ inline vf dot_pair_vectors(vf acc, vu a, const uint16_t* b) {
 #endif
 }
 
-template <int NV>
-struct QueryRow<NV, uint16_t> {
-  static constexpr int P = NV / 2;  // vectors of 16 bf16 pairs
-  vu v[P];
-  void set(const uint16_t* q) {
-    for (int c = 0; c < P; ++c) std::memcpy(&v[c], q + 32 * c, sizeof(vu));
+// One stage of a 16 x 16 transpose of 32-bit units: rows i and i + S swap
+// their S-wide off-diagonal blocks.
+template <int S>
+inline void transpose_stage(vu* r) {
+#define EAGLE_LO(l) ((l) & S ? 16 + (l) - S : (l))
+#define EAGLE_HI(l) ((l) & S ? 16 + (l) : (l) + S)
+  for (int i = 0; i < 16; ++i) {
+    if (i & S) continue;
+    const vu a = r[i], b = r[i + S];
+    r[i] = __builtin_shufflevector(a, b, EAGLE_LO(0), EAGLE_LO(1), EAGLE_LO(2), EAGLE_LO(3), EAGLE_LO(4),
+                                   EAGLE_LO(5), EAGLE_LO(6), EAGLE_LO(7), EAGLE_LO(8), EAGLE_LO(9), EAGLE_LO(10),
+                                   EAGLE_LO(11), EAGLE_LO(12), EAGLE_LO(13), EAGLE_LO(14), EAGLE_LO(15));
+    r[i + S] = __builtin_shufflevector(a, b, EAGLE_HI(0), EAGLE_HI(1), EAGLE_HI(2), EAGLE_HI(3), EAGLE_HI(4),
+                                       EAGLE_HI(5), EAGLE_HI(6), EAGLE_HI(7), EAGLE_HI(8), EAGLE_HI(9),
+                                       EAGLE_HI(10), EAGLE_HI(11), EAGLE_HI(12), EAGLE_HI(13), EAGLE_HI(14),
+                                       EAGLE_HI(15));
   }
-  vf dot(const uint16_t* k) const {
-    vf acc{};
-    for (int c = 0; c < P; ++c) acc = dot_pair_vectors(acc, v[c], k + 32 * c);
-    return acc;
+#undef EAGLE_LO
+#undef EAGLE_HI
+}
+
+// 16 keys (key l at keys[l], U 32-bit units each: f32 values or bf16 pairs)
+// -> t[u] with lane l = unit u of key l.
+template <int U>
+inline void transpose_keys(const void* const* keys, vu* t) {
+  for (int u0 = 0; u0 < U; u0 += 16) {
+    vu r[16];
+    for (int l = 0; l < 16; ++l) std::memcpy(&r[l], static_cast<const uint32_t*>(keys[l]) + u0, sizeof(vu));
+    transpose_stage<8>(r);
+    transpose_stage<4>(r);
+    transpose_stage<2>(r);
+    transpose_stage<1>(r);
+    for (int l = 0; l < 16; ++l) t[u0 + l] = r[l];
   }
-};
+}
+
+// acc (lane l: key l) + q . k over unit u: f32 q[u] * k[u]; bf16 the pair
+// dot of q's pair u with k's.
+inline vf add_unit(vf acc, const float* q, int u, vu kt) {
+  vf k;
+  std::memcpy(&k, &kt, sizeof k);
+  return acc + splat(q[u]) * k;
+}
+
+inline vf add_unit(vf acc, const uint16_t* q, int u, vu kt) {
+  uint32_t pair;
+  std::memcpy(&pair, q + 2 * u, sizeof pair);
+  return dot_pair_registers(acc, vu{} + pair, kt);
+}
+
+// Scores of RN query rows against a transposed block of 16 keys, summed over
+// the units in order: lane l of out[i] = (q_i . k_l) * scale.
+template <int RN, int U, typename C>
+inline void score_rows(const C* const* q, const vu* kt, float scale, float* const* out) {
+  vf acc[RN] = {};
+  for (int u = 0; u < U; ++u)
+    for (int i = 0; i < RN; ++i) acc[i] = add_unit(acc[i], q[i], u, kt[u]);
+  for (int i = 0; i < RN; ++i) store(out[i], acc[i] * scale);
+}
 
 struct AttnShape {
   int64_t B, T, Hq, Hkv, D, S, G, L;
@@ -549,7 +593,69 @@ struct AttnShape {
   float scale;
 };
 
-constexpr int kRowGroup = 24;  // accumulator vectors per PV row group
+constexpr int kRowGroup = 16;  // accumulator vectors per PV row group
+
+typedef uint16_t vw __attribute__((vector_size(64)));  // 32 bf16
+
+// Weighted values of GN query rows, acc[i] = sum_j w[i, j] V[j] over keys
+// [0, nk) in key order, with w the normalised softmax weights (row stride
+// `stride`, zero-padded past nk) and value(j) key j's V row. f32: one FMA per
+// key. bf16: the weights are bf16 (as the XLA path rounds them before its
+// product with V) and keys go in pairs (2i, 2i + 1), their V rows interleaved
+// so that one AVX512-BF16 dot adds both products for 16 dims.
+template <int GN, int NV, typename Value>
+void weighted_values(const float* w, int64_t stride, int64_t nk, Value value, float* out) {
+  vf acc[GN][NV] = {};
+  for (int64_t j = 0; j < nk; ++j) {
+    const float* vr = value(j);
+    vf v[NV];
+    for (int c = 0; c < NV; ++c) v[c] = load(vr + 16 * c);
+    for (int i = 0; i < GN; ++i) {
+      const vf wi = splat(w[i * stride + j]);
+      for (int c = 0; c < NV; ++c) acc[i][c] += wi * v[c];
+    }
+  }
+  for (int i = 0; i < GN; ++i)
+    for (int c = 0; c < NV; ++c) store(out + (i * NV + c) * 16, acc[i][c]);
+}
+
+template <int GN, int NV, typename Value>
+void weighted_values(const uint16_t* w, int64_t stride, int64_t nk, Value value, float* out) {
+  vf acc[GN][NV] = {};
+  static const uint16_t zeros[16 * NV] = {};
+  for (int64_t j = 0; j < nk; j += 2) {
+    const uint16_t* a = value(j);
+    const uint16_t* b = j + 1 < nk ? value(j + 1) : zeros;
+    vu pairs[NV];  // pairs[c] lane l: (V[j, 16c + l], V[j + 1, 16c + l])
+    for (int c = 0; c < NV / 2; ++c) {
+      vw va, vb;
+      std::memcpy(&va, a + 32 * c, sizeof va);
+      std::memcpy(&vb, b + 32 * c, sizeof vb);
+      vw lo = __builtin_shufflevector(va, vb, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41,
+                                      10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47);
+      vw hi = __builtin_shufflevector(va, vb, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24,
+                                      56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
+      std::memcpy(&pairs[2 * c], &lo, sizeof lo);
+      std::memcpy(&pairs[2 * c + 1], &hi, sizeof hi);
+    }
+    for (int i = 0; i < GN; ++i) {
+      uint32_t wp;
+      std::memcpy(&wp, w + i * stride + j, sizeof wp);
+      const vu wv = vu{} + wp;
+      for (int c = 0; c < NV; ++c) acc[i][c] = dot_pair_registers(acc[i][c], wv, pairs[c]);
+    }
+  }
+  for (int i = 0; i < GN; ++i)
+    for (int c = 0; c < NV; ++c) store(out + (i * NV + c) * 16, acc[i][c]);
+}
+
+// Rows [g0, g0 + GN) of a task: weighted values, rounded to C once, stored by `dst(i)`.
+template <int GN, int NV, typename C, typename W, typename Value, typename Dst>
+void value_group(const W* w, int64_t stride, int64_t nk, Value value, Dst dst) {
+  alignas(64) float o[GN * 16 * NV];
+  weighted_values<GN, NV>(w, stride, nk, value, o);
+  for (int i = 0; i < GN; ++i) store_elem(dst(i), o + i * 16 * NV, 16 * NV);
+}
 
 // One task: query rows [r0, r1) of kv head h in batch row b; a query row r is
 // (t = r % T, group member g = r / T), i.e. query head h * G + g.
@@ -568,36 +674,53 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
   auto qrow = [&](int64_t r) { return q + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D; };
   auto new_kv = [&](const C* base, int64_t u) { return base + ((b * s.T + u) * s.Hkv + h) * D; };
   const float neg_inf = -INFINITY;
-  std::vector<QueryRow<NV, C>> qv(rows);
-  for (int64_t i = 0; i < rows; ++i) qv[i].set(qrow(r0 + i));
-  // Cache scores, 16 slots at a time, read in place (a partial block's missing slots read zeros).
+  // Scores, 16 keys at a time (a partial block's missing keys read zeros).
   static const C zeros[D] = {};
-  for (int64_t j0 = 0; j0 < len; j0 += kLanes) {
-    const int64_t nb = std::min<int64_t>(kLanes, len - j0);
-    const C* kp[kLanes];
-    for (int64_t j = 0; j < kLanes; ++j) kp[j] = j < nb ? kb + (j0 + j) * D : zeros;
-    for (int64_t i = 0; i < rows; ++i) {
-      vf p[kLanes];
-      for (int j = 0; j < kLanes; ++j) p[j] = qv[i].dot(kp[j]);
-      store(scores.data() + i * stride + j0, reduce16(p) * s.scale);
+  auto key = [&](int64_t j) -> const C* { return j < len ? kb + j * D : j < nk ? new_kv(kn, j - len) : zeros; };
+  constexpr int U = std::is_same_v<C, float> ? D : D / 2;  // 32-bit units per key
+  constexpr int RN = 8;                                     // query rows per score pass
+  for (int64_t j0 = 0; j0 < nk; j0 += kLanes) {
+    const void* keys[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) keys[l] = key(j0 + l);
+    vu kt[U];
+    transpose_keys<U>(keys, kt);
+    for (int64_t i0 = 0; i0 < rows; i0 += RN) {
+      const C* qs[RN];
+      float* outs[RN];
+      const int64_t n = std::min<int64_t>(RN, rows - i0);
+      for (int64_t i = 0; i < RN; ++i) {
+        const int64_t r = i0 + std::min<int64_t>(i, n - 1);  // a short pass repeats its last row
+        qs[i] = qrow(r0 + r);
+        outs[i] = scores.data() + r * stride + j0;
+      }
+      switch (n) {
+        case 1: score_rows<1, U>(qs, kt, s.scale, outs); break;
+        case 2: score_rows<2, U>(qs, kt, s.scale, outs); break;
+        case 3: score_rows<3, U>(qs, kt, s.scale, outs); break;
+        case 4: score_rows<4, U>(qs, kt, s.scale, outs); break;
+        case 5: case 6: score_rows<6, U>(qs, kt, s.scale, outs); break;
+        default: score_rows<RN, U>(qs, kt, s.scale, outs); break;
+      }
     }
   }
-  // Slots the query's slot-mask row hides score -inf (an exact zero weight).
-  if (slot_mask != nullptr)
-    for (int64_t i = 0; i < rows; ++i) {
-      const bool* row = slot_mask + (b * s.T + (r0 + i) % s.T) * s.S;
+  // Keys a query may not see score -inf (an exact zero weight): slots its
+  // slot-mask row hides, new tokens its mask row hides.
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = (r0 + i) % s.T;
+    float* sc = scores.data() + i * stride;
+    if (slot_mask != nullptr) {
+      const bool* row = slot_mask + (b * s.T + t) * s.S;
       for (int64_t j = 0; j < len; ++j)
-        if (!row[j]) scores[i * stride + j] = neg_inf;
+        if (!row[j]) sc[j] = neg_inf;
     }
-  // New-token scores, one key at a time.
-  for (int64_t u = 0; u < s.T; ++u)
-    for (int64_t i = 0; i < rows; ++i) {
-      bool visible = mask[(b * s.T + (r0 + i) % s.T) * s.T + u];
-      scores[i * stride + len + u] = visible ? hsum(qv[i].dot(new_kv(kn, u))) * s.scale : neg_inf;
-    }
+    for (int64_t u = 0; u < s.T; ++u)
+      if (!mask[(b * s.T + t) * s.T + u]) sc[len + u] = neg_inf;
+  }
   // Softmax weights: max, exp, and their sum with key j in lane j % 16 (a
-  // masked key adds an exact zero to its lane), then the hsum tree.
-  std::vector<float> inv(rows);
+  // masked key adds an exact zero to its lane), then the hsum tree; the
+  // weights normalised (w = e / sum, as e * (1 / sum)) into C.
+  using W = std::conditional_t<std::is_same_v<C, float>, float, uint16_t>;
+  std::vector<W> weights(rows * stride);
   for (int64_t i = 0; i < rows; ++i) {
     float* sc = scores.data() + i * stride;
     for (int64_t j = nk; j < stride; ++j) sc[j] = neg_inf;
@@ -610,34 +733,32 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
     for (int l = 0; l < kLanes; ++l) mx = std::max(mx, vmx[l]);
     if (!std::isfinite(mx)) mx = 0.0f;
     vf acc{};
-    for (int64_t j = 0; j < nk; j += kLanes) {
+    for (int64_t j = 0; j < stride; j += kLanes) {
       vf e = exp_nonpositive(load(sc + j) - mx);
       store(sc + j, e);
       acc += e;
     }
     const float sum = hsum(acc);
-    inv[i] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t j = 0; j < stride; j += kLanes) store(sc + j, load(sc + j) * inv);
+    store_elem(weights.data() + i * stride, sc, stride);
   }
   // Weighted values: rows in groups whose accumulators stay in registers.
+  auto value = [&](int64_t j) { return j < len ? vb + j * D : new_kv(vn, j - len); };
   constexpr int G = std::max(1, kRowGroup / NV);
   for (int64_t g0 = 0; g0 < rows; g0 += G) {
-    const int64_t gn = std::min<int64_t>(G, rows - g0);
-    vf acc[G][NV] = {};
-    auto add = [&](int64_t j, auto v_at) {
-      vf v[NV];
-      for (int c = 0; c < NV; ++c) v[c] = v_at(c);
-      for (int64_t i = 0; i < gn; ++i) {
-        vf w = splat(scores[(g0 + i) * stride + j]);
-        for (int c = 0; c < NV; ++c) acc[i][c] += w * v[c];
-      }
-    };
-    for (int64_t j = 0; j < len; ++j) add(j, [&](int c) { return load(vb + j * D + 16 * c); });
-    for (int64_t u = 0; u < s.T; ++u) add(len + u, [&](int c) { return load(new_kv(vn, u) + 16 * c); });
-    for (int64_t i = 0; i < gn; ++i) {
+    const W* w = weights.data() + g0 * stride;
+    auto dst = [&](int64_t i) {
       const int64_t r = r0 + g0 + i;
-      float o[D];
-      for (int c = 0; c < NV; ++c) store(o + 16 * c, acc[i][c] * inv[g0 + i]);
-      store_elem(out + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D, o, D);
+      return out + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D;
+    };
+    switch (std::min<int64_t>(G, rows - g0)) {
+      case 1: value_group<1, NV, C>(w, stride, nk, value, dst); break;
+      case 2: value_group<std::min(2, G), NV, C>(w, stride, nk, value, dst); break;
+      case 3: value_group<std::min(3, G), NV, C>(w, stride, nk, value, dst); break;
+      case 4: value_group<std::min(4, G), NV, C>(w, stride, nk, value, dst); break;
+      case 5: value_group<std::min(5, G), NV, C>(w, stride, nk, value, dst); break;
+      default: value_group<G, NV, C>(w, stride, nk, value, dst); break;
     }
   }
 }
