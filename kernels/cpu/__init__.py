@@ -191,8 +191,8 @@ def pack_weight(w) -> PackedWeight:
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"pack_weight takes float32 or bfloat16 weights, got {dtype}")
     w = np.asarray(w)
-    if w.ndim != 2:
-        raise ValueError(f"pack_weight takes a [K, N] weight, got shape {w.shape}")
+    if w.ndim != 2 or 0 in w.shape:
+        raise ValueError(f"pack_weight takes a [K, N] weight with K, N >= 1, got shape {w.shape}")
     k, n = w.shape
     tiles = -(-n // COLS)
     kp = k + (k % 2 if dtype == jnp.dtype(jnp.bfloat16) else 0)

@@ -28,7 +28,8 @@
 //
 // Determinism: every output element is reduced in an order that depends on
 // neither M (matmul) nor on whether a key sits in the cache or among the new
-// tokens (attention: one sequential pass over the visible keys in order), so
+// tokens (attention: scores of 16-key blocks by key index, each one chain over
+// D; values in key order, bf16 keys in fixed pairs (2i, 2i + 1)), so
 // verifying M tokens gives bit-for-bit the rows of M single-token steps. That
 // makes greedy speculative decoding exactly equal to plain decoding.
 //
@@ -346,15 +347,15 @@ void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx, Pre
 
 // Output column tile t for all M rows. kx: the row length of x in X units (K
 // or K/2). For swiglu, tile t pairs weight tiles t (gate) and t + tiles (up).
-// prefetch_next: tile t + 1 belongs to the same task (one pass alone fetches
-// nothing: the hardware prefetcher keeps up with a single stream).
+// prefetch_next: fetch tile t + 1 (of the same task) into L2 during the
+// passes; `matmul` asks for it from two full passes on.
 template <typename X, typename W, typename Y>
 void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx, int64_t t,
                  int64_t tiles, bool prefetch_next) {
   const int64_t tile_elems = kx * (std::is_same_v<W, float> ? 1 : 2) * kCols;
   const W* wt = w + t * tile_elems;
   const int64_t n0 = t * kCols, width = std::min<int64_t>(kCols, o.N - n0);
-  const bool fetch = prefetch_next;
+  const bool fetch = prefetch_next && kx > 0;
   alignas(64) float buf[kMaxRows * kCols], up[kMaxRows * kCols];
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
     const X* xm = x + m0 * kx;
@@ -390,8 +391,8 @@ void matmul(ffi::ThreadPool& pool, const X* x, const W* w, const Outputs<Y>& o, 
   // Two or more full passes per tile (measured: fetching ahead paid from
   // M = 12 on, and cost at M = 8): contiguous runs of tiles per task, so
   // that its passes can fetch the task's next tile; one run per thread for
-  // small weights (the best split of their few tiles anyway), runs of about
-  // 8 tiles for large ones.
+  // small weights (the best split of their few tiles anyway), runs of 8 to
+  // 15 tiles for large ones.
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t tasks = std::min(tiles, threads * std::max<int64_t>(1, tiles / (8 * threads)));
   parallel_for(pool, tasks, [&](int64_t task) {
@@ -649,8 +650,8 @@ void weighted_values(const uint16_t* w, int64_t stride, int64_t nk, Value value,
     for (int c = 0; c < NV; ++c) store(out + (i * NV + c) * 16, acc[i][c]);
 }
 
-// Rows [g0, g0 + GN) of a task: weighted values, rounded to C once, stored by `dst(i)`.
-template <int GN, int NV, typename C, typename W, typename Value, typename Dst>
+// GN rows of a task: weighted values, rounded once to the type `dst(i)` points to.
+template <int GN, int NV, typename W, typename Value, typename Dst>
 void value_group(const W* w, int64_t stride, int64_t nk, Value value, Dst dst) {
   alignas(64) float o[GN * 16 * NV];
   weighted_values<GN, NV>(w, stride, nk, value, o);
@@ -719,8 +720,7 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
   // Softmax weights: max, exp, and their sum with key j in lane j % 16 (a
   // masked key adds an exact zero to its lane), then the hsum tree; the
   // weights normalised (w = e / sum, as e * (1 / sum)) into C.
-  using W = std::conditional_t<std::is_same_v<C, float>, float, uint16_t>;
-  std::vector<W> weights(rows * stride);
+  std::vector<C> weights(rows * stride);
   for (int64_t i = 0; i < rows; ++i) {
     float* sc = scores.data() + i * stride;
     for (int64_t j = nk; j < stride; ++j) sc[j] = neg_inf;
@@ -747,18 +747,16 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
   auto value = [&](int64_t j) { return j < len ? vb + j * D : new_kv(vn, j - len); };
   constexpr int G = std::max(1, kRowGroup / NV);
   for (int64_t g0 = 0; g0 < rows; g0 += G) {
-    const W* w = weights.data() + g0 * stride;
+    const C* w = weights.data() + g0 * stride;
     auto dst = [&](int64_t i) {
       const int64_t r = r0 + g0 + i;
       return out + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D;
     };
     switch (std::min<int64_t>(G, rows - g0)) {
-      case 1: value_group<1, NV, C>(w, stride, nk, value, dst); break;
-      case 2: value_group<std::min(2, G), NV, C>(w, stride, nk, value, dst); break;
-      case 3: value_group<std::min(3, G), NV, C>(w, stride, nk, value, dst); break;
-      case 4: value_group<std::min(4, G), NV, C>(w, stride, nk, value, dst); break;
-      case 5: value_group<std::min(5, G), NV, C>(w, stride, nk, value, dst); break;
-      default: value_group<G, NV, C>(w, stride, nk, value, dst); break;
+      case 1: value_group<1, NV>(w, stride, nk, value, dst); break;
+      case 2: value_group<std::min(2, G), NV>(w, stride, nk, value, dst); break;
+      case 3: value_group<std::min(3, G), NV>(w, stride, nk, value, dst); break;
+      default: value_group<G, NV>(w, stride, nk, value, dst); break;
     }
   }
 }

@@ -281,6 +281,8 @@ def test_without_a_compiler_auto_falls_back_and_native_says_why(monkeypatch, tmp
 def test_bad_inputs_get_clear_errors():
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         cpu.pack_weight(np.zeros((4, 4), np.float16))
+    with pytest.raises(ValueError, match="K, N >= 1"):
+        cpu.pack_weight(np.zeros((0, 130), np.float32))
     with pytest.raises(ValueError, match="K=8"):
         cpu.matmul(jnp.zeros((1, 5)), cpu.pack_weight(np.zeros((8, 4), np.float32)))
     with pytest.raises(ValueError, match="swiglu"):
