@@ -184,10 +184,9 @@ def _trace_scopes(gen, max_new: int) -> dict:
         events = json.load(gzip.open(files[0]))["traceEvents"]
     steps = r.stats.get("num_verify_steps") or (r.num_generated - 1)
     # Op names -> scope, from the compiled loop's HLO metadata.
-    from eagle_jax.config import SamplingConfig
     from eagle_jax.spec import loop
 
-    ids, lc, args, static, _ = gen._prepare([PROMPT], max_new, SamplingConfig(), 0, True, ())
+    ids, lc, args, static, _ = gen._prepare([PROMPT], max_new, (0.0, 0, 1.0), 0, True, ())
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
     scope_of = {}

@@ -204,7 +204,8 @@ class DrafterConfig(_AttentionShape):
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Static sampling rule applied to target (and draft) logits.
+    """One request's sampling rule for target (and draft) logits, validated;
+    the loop carries it as a row of `spec.sampling.SamplingParams`.
 
     temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters.
     """

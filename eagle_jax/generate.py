@@ -27,7 +27,7 @@ from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
 from eagle_jax.spec import loop
-from eagle_jax.spec.sampling import row_keys
+from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
 
 
@@ -161,25 +161,27 @@ class Generator:
             out.append(ids)
         return out
 
-    def _loop_config(self, sampling: SamplingConfig, speculate: bool) -> loop.LoopConfig:
+    def _loop_config(self, speculate: bool) -> loop.LoopConfig:
         return loop.LoopConfig(target=self.target_cfg, drafter=self.drafter_cfg if speculate else None,
-                               spec=self.spec,
-                               sampling=sampling, eos_ids=self.eos_ids(),
+                               spec=self.spec, eos_ids=self.eos_ids(),
                                context_limit=self.context_limit, prefill_chunk=self.prefill_chunk,
                                impl=self.impl)
 
     def _prepare(self, prompts, max_new_tokens, sampling, seed, chat, stop):
-        """Validate everything, then allocate: (ids, lc, args, static, stops per row)."""
+        """Validate everything, then allocate: (ids, lc, args, static, stops per row).
+
+        sampling: (temperature, top_k, top_p), each one value for every row or one per prompt."""
         ids = self.encode_prompts(prompts, chat)
         b = len(ids)
         stops = _row_stops(stop, b)
         keys = _row_keys(seed, b)
+        params = SamplingParams.rows(_row_sampling(*sampling, b))
         max_new = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(max_new) != b or any((not isinstance(m, int)) or m < 1 for m in max_new):
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
         # No row can outgrow the context: capping here keeps the output buffer small.
         max_new = [min(m, self.context_limit - len(x)) for m, x in zip(max_new, ids)]
-        lc = self._loop_config(sampling, self.speculates(b))
+        lc = self._loop_config(self.speculates(b))
         lens = [len(x) for x in ids]
         min_p, min_cache, min_out = self.min_shapes
         p = _bucket(max(max(lens), min_p), self.prefill_chunk)
@@ -192,22 +194,25 @@ class Generator:
         out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
         caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
         args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
-                keys, *caches)
+                keys, params, *caches)
         return ids, lc, args, dict(lc=lc, out_width=out_width), stops
 
     # ------------------------------------------------------------------ running
 
-    def generate(self, prompts, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | Sequence[int] = 0, chat: bool = True,
+    def generate(self, prompts, *, max_new_tokens=128, temperature: float | Sequence[float] = 0.0,
+                 top_k: int | Sequence[int] = 0, top_p: float | Sequence[float] = 1.0,
+                 seed: int | Sequence[int] = 0, chat: bool = True,
                  stop: Sequence[str] | Sequence[Sequence[str]] = ()) -> GenerationResult:
         """Generate for a batch of prompts in one compiled prefill + one compiled loop.
 
-        max_new_tokens, seed and stop may be given once for all rows or one per
-        prompt (stop: a list of string lists); per-prompt seeds make each row
-        sample as it would alone.
+        max_new_tokens, temperature, top_k, top_p, seed and stop may be given
+        once for all rows or one per prompt (stop: a list of string lists);
+        per-prompt seeds make each row sample as it would alone. The sampling
+        settings are arrays of the compiled loop: changing them compiles
+        nothing, except between "every row greedy" and not.
         """
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        ids, lc, args, static, stops = self._prepare(prompts, max_new_tokens, sampling, seed, chat, stop)
+        ids, lc, args, static, stops = self._prepare(prompts, max_new_tokens, (temperature, top_k, top_p),
+                                                     seed, chat, stop)
         t0 = time.perf_counter()
         dparams, vocab = self._drafter_for(lc)
         state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
@@ -228,8 +233,8 @@ class Generator:
         """
         if self.tokenizer is None:
             raise PromptError("streaming text needs a tokenizer")
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        ids, lc, args, static, stops = self._prepare([prompt], max_new_tokens, sampling, seed, chat, stop)
+        ids, lc, args, static, stops = self._prepare([prompt], max_new_tokens, (temperature, top_k, top_p),
+                                                     seed, chat, stop)
         return TextStream(self._stream_pieces(ids[0], lc, args, static, stops[0]))
 
     def _drafter_for(self, lc: loop.LoopConfig):
@@ -340,6 +345,20 @@ def _row_keys(seed, b: int) -> jax.Array:
                           f"pair), got {seed!r}")
     seeds, streams = zip(*pairs)
     return row_keys(jnp.asarray(seeds, jnp.int32), jnp.asarray(streams, jnp.int32))
+
+
+def _row_sampling(temperature, top_k, top_p, b: int) -> list[SamplingConfig]:
+    """One validated SamplingConfig per row; each setting once for all rows or one per row."""
+    def per_row(name, value):
+        if isinstance(value, (list, tuple, np.ndarray)):
+            if len(value) != b:
+                raise PromptError(f"{name} must be one value or one per prompt ({b}), got {len(value)} values")
+            return list(value)
+        return [value] * b
+
+    return [SamplingConfig(temperature=t, top_k=k, top_p=p)
+            for t, k, p in zip(per_row("temperature", temperature), per_row("top_k", top_k),
+                               per_row("top_p", top_p))]
 
 
 def _row_stops(stop, b: int) -> list[list[str]]:

@@ -1,9 +1,10 @@
 """Cross-request batching for `eagle-jax serve`.
 
-Requests that arrive within a short window of each other and ask for the same
-sampling (temperature, top_p, top_k; every greedy request shares one group)
-run as one static batch: one compiled prefill and one compiled loop, each row
-with its own max_tokens, stop strings and seed. A batch ends when its longest
+Requests that arrive within a short window of each other run as one static
+batch if they are all greedy or all not: one compiled prefill and one
+compiled loop, each row with its own max_tokens, stop strings, seed and
+sampling settings (per-row arrays of the loop, so a new temperature, top_p or
+top_k compiles nothing). A batch ends when its longest
 row ends, so a short request batched with a long one waits for it.
 
 Rows accept different numbers of drafts per step and draw from their own
@@ -51,11 +52,9 @@ class _Job:
     arrived: float = field(default_factory=time.monotonic)
 
     @property
-    def sampling(self) -> tuple:
-        """The batching key: what the compiled loop fixes (greedy ignores top_p and top_k)."""
-        if self.kw["temperature"] == 0:
-            return 0.0, 1.0, 0
-        return self.kw["temperature"], self.kw["top_p"], self.kw["top_k"]
+    def greedy(self) -> bool:
+        """The batching key: what the compiled loop fixes."""
+        return self.kw["temperature"] == 0
 
 
 def _padded(n: int, max_batch: int) -> int:
@@ -104,7 +103,7 @@ class Batcher:
 
     def _take(self) -> list[_Job] | None:
         """Wait for the oldest job, then for the window to close or the batch to fill;
-        return it with the queued jobs of the same sampling that still fit
+        return it with the queued jobs that still fit and are as greedy as it
         (None once closed and drained, [] when every waiting job was cancelled)."""
         with self._cv:
             while not self._jobs:
@@ -116,7 +115,7 @@ class Batcher:
                 return []
             first = self._jobs[0]
             while True:
-                mates = [j for j in self._jobs if j.sampling == first.sampling]
+                mates = [j for j in self._jobs if j.greedy == first.greedy]
                 left = first.arrived + self.window_s - time.monotonic()
                 if len(mates) >= self.max_batch or left <= 0:
                     break
@@ -159,9 +158,10 @@ class Batcher:
     def _run(self, batch: list[_Job]):
         n = len(batch)
         pad = _padded(n, self.max_batch) - n  # finished after their first token
-        temperature, top_p, top_k = batch[0].sampling
+        rows = batch + [batch[0]] * pad
         return self.gen.generate([j.ids for j in batch] + [batch[0].ids] * pad, chat=False,
                                  max_new_tokens=[j.kw["max_new_tokens"] for j in batch] + [1] * pad,
-                                 temperature=temperature, top_p=top_p, top_k=top_k,
+                                 temperature=[j.kw["temperature"] for j in rows],
+                                 top_p=[j.kw["top_p"] for j in rows], top_k=[j.kw["top_k"] for j in rows],
                                  seed=[j.kw["seed"] for j in batch] + [0] * pad,
                                  stop=[j.kw["stop"] for j in batch] + [[]] * pad)

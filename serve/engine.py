@@ -21,7 +21,7 @@ text past a stop string), and so are token counts (`Delta.tokens`,
 
 `BatcherEngine` implements it around one `eagle_jax.generate.Generator`:
 non-streamed requests go to serve/batcher.py (static batches of requests that
-share sampling settings); a streamed request runs alone on its own thread, one
+are all greedy or all sampled, each row with its own settings); a streamed request runs alone on its own thread, one
 jitted step at a time, taking the engine lock per step so that batches and
 other streams interleave with it. What it cannot do: cancel a row inside a
 running static batch (that batch is one compiled loop; the row's result is
@@ -39,7 +39,6 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from eagle_jax.config import SamplingConfig
 from eagle_jax.serve.batcher import Batcher, BatchSlice
 
 __all__ = ["Sampling", "Delta", "Done", "SpecCounts", "Request", "BatcherEngine", "EngineError"]
@@ -243,8 +242,7 @@ class BatcherEngine:
         from eagle_jax.spec import loop
 
         gen, s = self.gen, req.sampling
-        sampling = SamplingConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-        ids, lc, args, static, _ = gen._prepare([req.prompt_ids], s.max_tokens, sampling,
+        ids, lc, args, static, _ = gen._prepare([req.prompt_ids], s.max_tokens, (s.temperature, s.top_k, s.top_p),
                                                 [(s.seed, s.seed_stream)], False, [list(s.stop)])
         dparams, vocab = gen._drafter_for(lc)
         text = _StreamText(gen.tokenizer, s.stop)

@@ -24,22 +24,22 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.cache import KVCache
-from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.config import DrafterConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter, target
 from eagle_jax.spec import tree as tree_lib
-from eagle_jax.spec.sampling import sample, split_keys
+from eagle_jax.spec.sampling import SamplingParams, sample, split_keys
 from eagle_jax.spec.stats import SpecStats
 from eagle_jax.spec.verify import accept
 
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """Everything static about one compiled loop."""
+    """Everything static about one compiled loop (the sampling settings are
+    not: they are arrays of the state, `DecodeState.sampling`)."""
 
     target: TargetConfig
     drafter: DrafterConfig | None
     spec: SpecConfig
-    sampling: SamplingConfig
     eos_ids: tuple[int, ...]
     context_limit: int  # a row stops when prompt + generated tokens reach it
     prefill_chunk: int = 512
@@ -71,6 +71,7 @@ class DecodeState:
     prompt_len: jax.Array  # [B]
     max_new: jax.Array  # [B]
     keys: jax.Array  # [B, 2] one PRNG key per row (spec/sampling.py)
+    sampling: SamplingParams | None  # per-row settings; None: every row greedy
     stats: SpecStats
 
 
@@ -133,25 +134,25 @@ def create_caches(lc: LoopConfig, batch: int, cache_len: int, dtype) -> tuple[KV
     return tcache, dcache
 
 
-def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, tcache: KVCache,
-            dcache: KVCache | None, *, lc: LoopConfig, out_width: int) -> DecodeState:
+def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling: SamplingParams | None,
+            tcache: KVCache, dcache: KVCache | None, *, lc: LoopConfig, out_width: int) -> DecodeState:
     """Prompt pass for target (and drafter); emits the first token.
 
     tokens [B, P] right-padded prompts (P a multiple of the prefill chunk or
-    below it); prompt_len [B]; max_new [B] int32; empty caches from
-    `create_caches`.
+    below it); prompt_len [B]; max_new [B] int32; sampling: per-row settings
+    or None (every row greedy); empty caches from `create_caches`.
     """
     b, p = tokens.shape
     hidden, tcache, aux = _chunked_prefill(tparams, lc, tokens, tcache)
     tcache = tcache.replace(lengths=prompt_len.astype(jnp.int32))
     last_logits = target.logits(tparams, lc.target, _last(hidden, prompt_len - 1), impl=lc.impl)
     keys, sub = split_keys(keys, 2)
-    first = sample(sub, last_logits, lc.sampling, impl=lc.impl)
+    first = sample(sub, last_logits, sampling, impl=lc.impl)
     state = DecodeState(
         tcache=tcache, dcache=None, pending=first, root_logits=None, root_feedback=None,
         out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
         done=jnp.zeros((b,), bool), prompt_len=prompt_len.astype(jnp.int32),
-        max_new=max_new.astype(jnp.int32), keys=keys,
+        max_new=max_new.astype(jnp.int32), keys=keys, sampling=sampling,
         stats=SpecStats.zeros(b, lc.spec.depth if lc.speculative else 0))
     state, _ = _emit(state, lc, first[:, None], jnp.ones((b,), jnp.int32))
     if not lc.speculative:
@@ -191,7 +192,7 @@ def _plain_step(tparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
         logits = target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl)
     with jax.named_scope("accept"):
         keys, sub = split_keys(state.keys, 2)
-        nxt = sample(sub, logits, lc.sampling, impl=lc.impl)
+        nxt = sample(sub, logits, state.sampling, impl=lc.impl)
         state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
     return state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
 
@@ -206,7 +207,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     with jax.named_scope("draft"):
         draft, dcache = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending,
                                        state.root_logits, state.root_feedback, state.dcache, spec,
-                                       lc.sampling, k_draft, impl=lc.impl)
+                                       state.sampling, k_draft, impl=lc.impl)
     base = state.tcache.lengths
     with jax.named_scope("target"):
         hidden, tcache, aux = target.forward(
@@ -214,7 +215,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
             mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids, impl=lc.impl)
         logits = target.logits(tparams, lc.target, hidden, impl=lc.impl)
     with jax.named_scope("accept"):
-        path, n_acc, nxt = accept(draft, logits, spec, lc.sampling, k_accept, impl=lc.impl)
+        path, n_acc, nxt = accept(draft, logits, spec, state.sampling, k_accept, impl=lc.impl)
         # Emitted tokens: the accepted drafts along the path, then the target's own token.
         j = jnp.arange(spec.depth + 1)[None]
         path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)

@@ -3,6 +3,20 @@
 The same processing is applied to target and draft logits, so acceptance
 compares the two distributions the user asked for.
 
+Sampling settings are per row: a sampled program carries `SamplingParams`,
+arrays of one temperature, top-k and top-p per row, so one compiled program
+serves any mix of requests (a row with temperature 0 decodes greedily inside
+it). Only "every row greedy" is static: such a program carries no
+`SamplingParams` (None) and takes argmaxes only.
+
+Top-k and top-p keep every token at or above a per-row threshold, found by
+bisection over the 32-bit order of float values (exact after 32 halvings;
+no sort of the vocabulary): top-k keeps the k largest logits (and any tied
+with the k-th), top-p the smallest set of most likely tokens whose mass
+reaches p, where a token is kept when the mass of the tokens strictly more
+likely than it is below p (tied tokens are kept or dropped together). Each
+search runs only when some row asks for it.
+
 Randomness is per row: the decode state holds one PRNG key per row
 (``[B, 2]`` uint32), and every draw splits each row's key on its own. A row's
 samples therefore depend on its own seed only, not on which other rows
@@ -11,34 +25,95 @@ share the batch (what lets a server batch seeded requests together).
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from eagle_jax.config import SamplingConfig
 from eagle_jax.kernels import cpu, resolve_impl
 
 
-def process_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
-    """logits [..., V] -> filtered, temperature-scaled logits (-inf outside the kept set)."""
-    x = logits.astype(jnp.float32) / max(sampling.temperature, 1e-6)
-    if sampling.top_k and sampling.top_k < x.shape[-1]:
-        kth = jax.lax.top_k(x, sampling.top_k)[0][..., -1:]
-        x = jnp.where(x < kth, -jnp.inf, x)
-    if sampling.top_p < 1.0:
-        order = jnp.argsort(-x, axis=-1)
-        sorted_x = jnp.take_along_axis(x, order, axis=-1)
-        probs = jax.nn.softmax(sorted_x, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
-        keep_sorted = before < sampling.top_p  # always keeps the most likely token
-        keep = jnp.zeros_like(keep_sorted).at[
-            tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
-        x = jnp.where(keep, x, -jnp.inf)
-    return x
+@flax.struct.dataclass
+class SamplingParams:
+    """Per-row sampling settings of a sampled program (rows [B])."""
+
+    temperature: jax.Array  # [B] float32; 0 = greedy row
+    top_k: jax.Array  # [B] int32; 0 = off
+    top_p: jax.Array  # [B] float32; 1 = off
+
+    @staticmethod
+    def rows(configs: Sequence[SamplingConfig]) -> "SamplingParams | None":
+        """One row per (validated) config; None when every row is greedy."""
+        if all(c.greedy for c in configs):
+            return None
+        return SamplingParams(temperature=jnp.asarray(np.array([c.temperature for c in configs], np.float32)),
+                              top_k=jnp.asarray(np.array([c.top_k for c in configs], np.int32)),
+                              top_p=jnp.asarray(np.array([c.top_p for c in configs], np.float32)))
+
+    def at(self, ndim: int) -> "SamplingParams":
+        """The same settings shaped [B, 1, ...] to broadcast against an ndim array."""
+        return jax.tree.map(lambda a: a.reshape(a.shape + (1,) * (ndim - 1)), self)
 
 
-def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
-    """Processed distribution [..., V] (float32, sums to 1)."""
-    return jax.nn.softmax(process_logits(logits, sampling), axis=-1)
+def _ordered(x: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order (for a bisection over values)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _bisect(ok, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """The smallest uint32 t in (lo, hi] with ok(t), per row, for ok monotone
+    (false up to some t, true from it on) with ok(lo) false and ok(hi) true."""
+    def body(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        good = ok(mid)
+        return jnp.where(good, lo, mid), jnp.where(good, mid, hi)
+
+    return jax.lax.fori_loop(0, 32, body, (lo, hi))[1]
+
+
+def _top_k(x: jax.Array, k: jax.Array) -> jax.Array:
+    """Keep, per row, the logits at or above the k-th largest (k [..., 1]; 0 = all)."""
+    keys = _ordered(x)
+    v = x.shape[-1]
+    want = jnp.where((k <= 0) | (k >= v), v, k)
+    # One above the k-th largest key: the smallest t with fewer than k keys >= t.
+    few = lambda t: jnp.sum(keys >= t, axis=-1, keepdims=True) < want
+    above = _bisect(few, jnp.zeros_like(keys[..., :1]), jnp.max(keys, axis=-1, keepdims=True) + 1)
+    return jnp.where(keys >= above - 1, x, -jnp.inf)
+
+
+def _top_p(x: jax.Array, p: jax.Array) -> jax.Array:
+    """Keep, per row, the tokens whose strictly more likely tokens hold less than p of the mass."""
+    probs = jax.nn.softmax(x, axis=-1)
+    keys = _ordered(probs)
+    # The smallest t whose mass above is below p (mass above t falls as t grows).
+    light = lambda t: jnp.sum(jnp.where(keys > t, probs, 0.0), axis=-1, keepdims=True) < p
+    cut = _bisect(light, _ordered(jnp.zeros_like(probs[..., :1])), jnp.max(keys, axis=-1, keepdims=True))
+    return jnp.where((keys >= cut) | (p >= 1.0), x, -jnp.inf)
+
+
+def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """logits [B, ..., V] -> filtered, temperature-scaled logits (-inf outside
+    the kept set), row b by params' row b (a greedy row keeps its logits)."""
+    s = params.at(logits.ndim)
+    t = s.temperature
+    x = logits.astype(jnp.float32) / jnp.where(t > 0, t, 1.0)
+    x = jax.lax.cond(jnp.any((params.top_k > 0) & (params.top_k < x.shape[-1])),
+                     lambda x: _top_k(x, s.top_k), lambda x: x, x)
+    return jax.lax.cond(jnp.any(params.top_p < 1.0), lambda x: _top_p(x, s.top_p), lambda x: x, x)
+
+
+def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Processed distribution [B, ..., V] (float32, sums to 1); a greedy row's
+    is one-hot at its argmax."""
+    soft = jax.nn.softmax(process_logits(logits, params), axis=-1)
+    hard = jax.nn.one_hot(greedy(logits, impl="xla"), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where(params.at(logits.ndim).temperature > 0, soft, hard)
 
 
 def row_keys(seeds: jax.Array, streams: jax.Array) -> jax.Array:
@@ -77,11 +152,14 @@ def greedy(logits: jax.Array, *, impl: str = "auto") -> jax.Array:
     return jnp.minimum(first, v - 1)  # a NaN row (no index reaches NaN) still gives a valid id
 
 
-def sample(keys, logits: jax.Array, sampling: SamplingConfig, *, impl: str = "auto") -> jax.Array:
-    """One token per row of logits [B, ..., V]: argmax when greedy, else a draw (keys [B, 2])."""
-    if sampling.greedy:
-        return greedy(logits, impl=impl)
-    return categorical_rows(keys, process_logits(logits, sampling))
+def sample(keys, logits: jax.Array, params: SamplingParams | None, *, impl: str = "auto") -> jax.Array:
+    """One token per row of logits [B, ..., V]: the argmax for greedy rows
+    (every row when params is None), else a draw with row b's key (keys [B, 2])."""
+    top = greedy(logits, impl=impl)
+    if params is None:
+        return top
+    drawn = categorical_rows(keys, process_logits(logits, params))
+    return jnp.where(params.at(top.ndim).temperature > 0, drawn, top)
 
 
 def sample_probs(keys, probs: jax.Array) -> jax.Array:

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.cache import KVCache
-from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig
+from eagle_jax.config import DrafterConfig, SpecConfig
 from eagle_jax.models import drafter
-from eagle_jax.spec.sampling import categorical_rows, probabilities, split_keys
+from eagle_jax.spec.sampling import SamplingParams, categorical_rows, probabilities, split_keys
 
 # Each level costs this much score, so a child always ranks strictly below its
 # parent and any top-(N-1) selection is closed under taking ancestors.
@@ -63,13 +63,14 @@ class DraftTree:
 
 def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_tokens,
           root_logits, root_feedback, dcache: KVCache, spec: SpecConfig,
-          sampling: SamplingConfig, keys, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
+          sampling: SamplingParams | None, keys, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
     """Build the draft tree for each row; returns (tree, drafter cache).
 
     root_tokens [B]; root_logits [B, Vd] the drafter's prediction of the token
     after the root; root_feedback [B, H] the feedback that produced it;
-    keys [B, 2] row keys (used by sampled chains only);
-    dcache holds the drafter's committed context (lengths = target's).
+    sampling: the rows' settings, None when every row is greedy (then a
+    chain takes the top draft token); keys [B, 2] row keys (used by sampled
+    chains only); dcache holds the drafter's committed context (lengths = target's).
     The returned drafter cache has dcache's lengths, with the drafted K/V as
     scratch in uncommitted slots (the roll-forward writes over the first of
     them; none is ever visible once committed masks apply): one chain of
@@ -80,7 +81,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     k, depth, n = spec.top_k, spec.depth, spec.total_tokens
     b = root_tokens.shape[0]
     target_ids = vocab.target_ids
-    sampled_chain = spec.method == "chain" and not sampling.greedy
+    sampled_chain = spec.method == "chain" and sampling is not None
     level_keys = split_keys(keys, depth)  # [depth, B, 2]
 
     def propose(logits, level_key):

@@ -17,16 +17,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.config import SamplingConfig, SpecConfig
-from eagle_jax.spec.sampling import greedy, probabilities, sample_probs, split_keys, uniform_rows
+from eagle_jax.config import SpecConfig
+from eagle_jax.spec.sampling import SamplingParams, greedy, probabilities, sample_probs, split_keys, uniform_rows
 from eagle_jax.spec.tree import DraftTree
 
 
-def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingConfig, keys, *,
+def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingParams | None, keys, *,
            impl: str = "auto"):
     """target_logits [B, N, V] of every tree node (node i's logits predict its child).
 
-    keys [B, 2] row keys. Returns (path [B, D+1] node indices starting with the root, valid for the
+    sampling: the rows' settings, None when every row is greedy (a greedy row
+    of a sampled batch takes the sampling rule with one-hot distributions,
+    which accepts exactly the drafts equal to the argmax); keys [B, 2] row keys. Returns (path [B, D+1] node indices starting with the root, valid for the
     first n+1 entries; n [B] accepted draft tokens; next_token [B]).
     """
     b, n_nodes, vocab = target_logits.shape
@@ -37,7 +39,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingC
     alive = jnp.ones((b,), bool)
     accepted = jnp.zeros((b,), jnp.int32)
     path = [cur]
-    if sampling.greedy:
+    if sampling is None:
         choice = greedy(target_logits, impl=impl)  # [B, N]
         for _ in range(depth):
             want = choice[rows, cur]

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eagle_jax.config import SamplingConfig, SpecConfig
+from eagle_jax.config import SpecConfig
 from eagle_jax.generate import Generator, PromptError
 from eagle_jax.spec import loop
 from eagle_jax.spec.stats import SpecStats
@@ -20,12 +20,13 @@ def _state(gen, max_new, prompt_len, done=False):
         tcache=None, dcache=None, pending=jnp.zeros((b,), jnp.int32), root_logits=None, root_feedback=None,
         out=jnp.zeros((b, 16), jnp.int32), num_generated=jnp.asarray(gen, jnp.int32),
         done=jnp.full((b,), done), prompt_len=jnp.asarray(prompt_len, jnp.int32),
-        max_new=jnp.asarray(max_new, jnp.int32), keys=jnp.zeros((b, 2), jnp.uint32), stats=SpecStats.zeros(b, 4))
+        max_new=jnp.asarray(max_new, jnp.int32), keys=jnp.zeros((b, 2), jnp.uint32), sampling=None,
+        stats=SpecStats.zeros(b, 4))
 
 
 def _lc(eos=(9,), limit=100):
     tcfg, _ = tiny_target()
-    return loop.LoopConfig(tcfg, None, CHAIN, SamplingConfig(), eos_ids=eos, context_limit=limit)
+    return loop.LoopConfig(tcfg, None, CHAIN, eos_ids=eos, context_limit=limit)
 
 
 def test_emit_stops_at_eos_inside_accepted_run():

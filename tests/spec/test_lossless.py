@@ -17,7 +17,7 @@ from scipy import stats
 from eagle_jax.config import SamplingConfig, SpecConfig
 from eagle_jax.generate import Generator, PromptError
 from eagle_jax.models import target
-from eagle_jax.spec.sampling import probabilities
+from eagle_jax.spec.sampling import SamplingParams, probabilities
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target
 
@@ -34,7 +34,7 @@ def exact_distribution(tcfg, tparams, prompt, sampling, n_tokens=3):
     cache = target.create_cache(tcfg, len(seqs), t)
     pos = jnp.broadcast_to(jnp.arange(t), full.shape)
     hidden, _, _ = target.forward(tparams, tcfg, jnp.asarray(full), pos, cache)
-    probs = np.asarray(probabilities(target.logits(tparams, tcfg, hidden), sampling))
+    probs = np.asarray(probabilities(target.logits(tparams, tcfg, hidden), SamplingParams.rows([sampling] * len(seqs))))
     p0 = len(prompt) - 1
     out = np.ones(len(seqs))
     for i in range(n_tokens):

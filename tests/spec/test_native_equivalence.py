@@ -84,13 +84,12 @@ def test_the_decoding_loop_copies_no_cache(spec):
     """The compiled loop threads both KV caches through in-place kernel calls:
     no `copy` of a cache-sized buffer (the drafted K/V are scratch in the
     drafter cache, which the roll-forward then overwrites)."""
-    from eagle_jax.config import SamplingConfig
     from eagle_jax.spec import loop
 
     tcfg, tparams = native_target()
     d = smollm2_random_drafter(tcfg, "eagle3.1", draft_vocab=6, scale=0.3)
     gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="native")
-    _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, SamplingConfig(), 0, True, ())
+    _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, (0.0, 0, 1.0), 0, True, ())
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
     shapes = {str(state.tcache.k.shape), str(state.dcache.k.shape)}
