@@ -126,14 +126,45 @@ def split_keys(keys: jax.Array, n: int) -> jax.Array:
     return jax.vmap(lambda k: jax.random.split(k, n), out_axes=1)(keys)
 
 
-def uniform_rows(keys: jax.Array) -> jax.Array:
-    """One uniform draw in [0, 1) per row key [B, 2] -> [B]."""
-    return jax.vmap(lambda k: jax.random.uniform(k, ()))(keys)
+def uniform_rows(keys: jax.Array, shape: tuple[int, ...] = ()) -> jax.Array:
+    """Uniform draws in [0, 1) of `shape` per row key [B, 2] -> [B, *shape]."""
+    return jax.vmap(lambda k: jax.random.uniform(k, shape))(keys)
+
+
+def sample_probs(keys: jax.Array, probs: jax.Array, block: int = 256) -> jax.Array:
+    """A draw from probabilities [B, ..., V] (may be unnormalised, >= 0, some
+    mass in every row) with row b's key -> [B, ...] int32.
+
+    Inverse CDF with one uniform per distribution, in two levels: the block of
+    `block` tokens whose cumulative mass first exceeds u * total, then the token
+    inside it. No noise per vocabulary entry (jax.random.categorical draws a
+    Gumbel per token: 6-7 ms per step over 4 x 49152 logits on two cores,
+    against 0.5 ms for this). A token of zero mass is never drawn: an index
+    that float rounding pushes past the last positive entry falls back to it.
+    """
+    v = probs.shape[-1]
+    p = jnp.pad(probs.astype(jnp.float32), [(0, 0)] * (probs.ndim - 1) + [(0, (-v) % block)])
+    blocks = p.reshape(p.shape[:-1] + (-1, block))  # [..., NB, block]
+    mass = jnp.sum(blocks, axis=-1)  # [..., NB]
+    upto = jnp.cumsum(mass, axis=-1)
+    u = uniform_rows(keys, probs.shape[1:-1]) * upto[..., -1]
+
+    def first_above(cum, x, weights):
+        """The first index whose cumulative value exceeds x, else the last of positive weight."""
+        n = weights.shape[-1]
+        last = n - 1 - jnp.argmax(jnp.flip(weights > 0, axis=-1), axis=-1)
+        return jnp.minimum(jnp.sum(cum <= x[..., None], axis=-1), last)
+
+    b = first_above(upto, u, mass)
+    inner = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]
+    rest = u - jnp.take_along_axis(upto - mass, b[..., None], axis=-1)[..., 0]
+    j = first_above(jnp.cumsum(inner, axis=-1), rest, inner)
+    return jnp.minimum(b * block + j, v - 1).astype(jnp.int32)  # an all-zero row stays in range
 
 
 def categorical_rows(keys: jax.Array, logits: jax.Array) -> jax.Array:
-    """A draw from logits [B, ..., V] with row b's key -> [B, ...] int32."""
-    return jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(keys, logits).astype(jnp.int32)
+    """A draw from logits [B, ..., V] (softmax) with row b's key -> [B, ...] int32."""
+    return sample_probs(keys, jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
 
 
 def greedy(logits: jax.Array, *, impl: str = "auto") -> jax.Array:
@@ -160,8 +191,3 @@ def sample(keys, logits: jax.Array, params: SamplingParams | None, *, impl: str 
         return top
     drawn = categorical_rows(keys, process_logits(logits, params))
     return jnp.where(params.at(top.ndim).temperature > 0, drawn, top)
-
-
-def sample_probs(keys, probs: jax.Array) -> jax.Array:
-    """Draw from explicit probabilities [B, ..., V] (may be unnormalised, >= 0)."""
-    return categorical_rows(keys, jnp.log(probs))

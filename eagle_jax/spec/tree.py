@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig, SpecConfig
 from eagle_jax.models import drafter
-from eagle_jax.spec.sampling import SamplingParams, categorical_rows, probabilities, split_keys
+from eagle_jax.spec.sampling import SamplingParams, probabilities, sample_probs, split_keys
 
 # Each level costs this much score, so a child always ranks strictly below its
 # parent and any top-(N-1) selection is closed under taking ancestors.
@@ -91,7 +91,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
             scores, ids = jax.lax.top_k(logp, k)
             return scores, ids, None
         q_draft = probabilities(logits, sampling)
-        ids = categorical_rows(level_key, jnp.log(q_draft))[..., None]
+        ids = sample_probs(level_key, q_draft)[..., None]
         q_full = jnp.zeros(logits.shape[:-1] + vocab.t2d.shape, jnp.float32).at[..., target_ids].set(q_draft)
         return jnp.take_along_axis(logp, ids, axis=-1), ids, q_full
 

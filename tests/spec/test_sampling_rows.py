@@ -8,18 +8,21 @@ Claims checked:
 * in one batch mixing settings (and a greedy row), every row samples exactly
   what it samples alone with the same seed, plain, chain and tree; the greedy
   row equals greedy decoding;
-* new temperature / top-k / top-p values compile nothing.
+* new temperature / top-k / top-p values compile nothing;
+* the two-level inverse-CDF draw follows its distribution (chi-square) and
+  never draws a token of zero mass.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from eagle_jax.config import SamplingConfig, SpecConfig
 from eagle_jax.generate import Generator, PromptError
 from eagle_jax.spec import loop
-from eagle_jax.spec.sampling import SamplingParams, process_logits
+from eagle_jax.spec.sampling import SamplingParams, process_logits, row_keys, sample_probs
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target
 
@@ -110,3 +113,19 @@ def test_per_row_settings_must_match_the_prompts(tiny):
     tcfg, tparams, prompts = tiny
     with pytest.raises(PromptError, match=r"temperature must be one value or one per prompt \(2\), got 3"):
         Generator(tcfg, tparams).generate(prompts[:2], max_new_tokens=2, temperature=[0.5, 0.5, 0.5])
+
+
+def test_draws_follow_the_distribution_and_skip_zero_mass():
+    rng = np.random.default_rng(5)
+    v = 700  # three blocks of 256, the last one partial
+    weights = rng.random(v) * (rng.random(v) < 0.3)  # unnormalised, most tokens of zero mass
+    weights[[0, 255, 256, 699]] = [0.0, 2.0, 0.5, 1.5]  # block edges
+    n = 20000
+    keys = row_keys(jnp.arange(n, dtype=jnp.int32), jnp.zeros((n,), jnp.int32))
+    draws = np.asarray(jax.jit(sample_probs)(keys, jnp.broadcast_to(jnp.asarray(weights, jnp.float32), (n, v))))
+    assert np.all(weights[draws] > 0)
+    counts = np.bincount(draws, minlength=v)
+    expected = weights / weights.sum() * n
+    big = expected >= 5
+    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
+    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
