@@ -353,7 +353,7 @@ def _row_sampling(temperature, top_k, top_p, b: int) -> list[SamplingConfig]:
         if isinstance(value, (list, tuple, np.ndarray)):
             if len(value) != b:
                 raise PromptError(f"{name} must be one value or one per prompt ({b}), got {len(value)} values")
-            return list(value)
+            return value.tolist() if isinstance(value, np.ndarray) else list(value)
         return [value] * b
 
     return [SamplingConfig(temperature=t, top_k=k, top_p=p)

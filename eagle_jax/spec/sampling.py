@@ -162,11 +162,6 @@ def sample_probs(keys: jax.Array, probs: jax.Array, block: int = 256) -> jax.Arr
     return jnp.minimum(b * block + j, v - 1).astype(jnp.int32)  # an all-zero row stays in range
 
 
-def categorical_rows(keys: jax.Array, logits: jax.Array) -> jax.Array:
-    """A draw from logits [B, ..., V] (softmax) with row b's key -> [B, ...] int32."""
-    return sample_probs(keys, jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
-
-
 def greedy(logits: jax.Array, *, impl: str = "auto") -> jax.Array:
     """argmax over the last axis (the first maximal index), int32.
 
@@ -189,5 +184,5 @@ def sample(keys, logits: jax.Array, params: SamplingParams | None, *, impl: str 
     top = greedy(logits, impl=impl)
     if params is None:
         return top
-    drawn = categorical_rows(keys, process_logits(logits, params))
+    drawn = sample_probs(keys, jax.nn.softmax(process_logits(logits, params), axis=-1))
     return jnp.where(params.at(top.ndim).temperature > 0, drawn, top)

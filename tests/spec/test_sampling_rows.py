@@ -111,8 +111,14 @@ def test_new_sampling_values_compile_nothing(tiny):
 
 def test_per_row_settings_must_match_the_prompts(tiny):
     tcfg, tparams, prompts = tiny
+    gen = Generator(tcfg, tparams)
     with pytest.raises(PromptError, match=r"temperature must be one value or one per prompt \(2\), got 3"):
-        Generator(tcfg, tparams).generate(prompts[:2], max_new_tokens=2, temperature=[0.5, 0.5, 0.5])
+        gen.generate(prompts[:2], max_new_tokens=2, temperature=[0.5, 0.5, 0.5])
+    # numpy arrays per prompt are taken as their Python values
+    as_lists = gen.generate(prompts[:2], max_new_tokens=4, seed=[1, 2], temperature=[0.5, 0.9], top_k=[3, 0])
+    as_arrays = gen.generate(prompts[:2], max_new_tokens=4, seed=[1, 2], temperature=np.array([0.5, 0.9]),
+                             top_k=np.array([3, 0]))
+    assert as_arrays.token_ids == as_lists.token_ids
 
 
 def test_draws_follow_the_distribution_and_skip_zero_mass():
