@@ -25,7 +25,8 @@ Metrics per engine (see `summarize_engine`): total tokens/s (all tokens of
 all timed runs / their summed wall time), per-request tokens/s (a row's
 tokens / its batch's wall time, averaged), speedup against the baseline
 (ratio of total tokens/s, and the median of the per-run paired ratios), TTFT
-(median; prefill + first token), acceptance statistics (tau, per-position
+(median; prefill + first token), decode tokens/s (the tokens after each
+row's first over the time after the first token), acceptance statistics (tau, per-position
 acceptance, draft acceptance rate, histogram; EAGLE.md section 7
 definitions, summed over runs), the share of greedy outputs identical to the
 baseline's, and memory: the process RSS high-water mark after the engine's
@@ -433,6 +434,10 @@ def summarize_engine(runs: list[dict], base_runs: list[dict], *, greedy: bool, i
                 rows += 1
                 matches += int(x == y)
     ttfts = [r["ttft_s"] for r in runs if r.get("ttft_s") is not None]
+    # Decoding alone: the tokens after each row's first over the time after the first token.
+    timed = [r for r in runs if r.get("ttft_s") is not None and r["wall_s"] > r["ttft_s"]]
+    decode_s = sum(r["wall_s"] - r["ttft_s"] for r in timed)
+    decode_tokens = sum(sum(r["tokens"]) - len(r["tokens"]) for r in timed)
     return {
         "tokens": tokens, "wall_s": wall,
         "tokens_per_s_total": total_tps,
@@ -444,6 +449,7 @@ def summarize_engine(runs: list[dict], base_runs: list[dict], *, greedy: bool, i
         "speedup_paired_min": None if is_baseline or not paired else min(paired),
         "speedup_paired_max": None if is_baseline or not paired else max(paired),
         "ttft_s_median": statistics.median(ttfts) if ttfts else None,
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s else None,
         "acceptance": _aggregate_acceptance(runs),
         "greedy_match_rate": (matches / rows if rows else None) if greedy and not is_baseline else None,
         "runs": runs,

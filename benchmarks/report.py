@@ -246,10 +246,11 @@ def render_speed(r: dict, docs_path: str) -> str:
                 fmt(e.get("tokens_per_s_total"), 1), fmt(e.get("tokens_per_s_per_request"), 1),
                 fmt(e.get("speedup")), fmt(paired) + prange,
                 fmt(acc.get("acceptance_length")), " ".join(f"{x:.2f}" for x in pp) or "–",
-                fmt(e.get("ttft_s_median"), 3), fmt(e.get("compile_s"), 1),
+                fmt(e.get("ttft_s_median"), 3), fmt(e.get("decode_tokens_per_s"), 1), fmt(e.get("compile_s"), 1),
                 fmt(e.get("greedy_match_rate")), mem_s])
         out.append(table(["engine", "kind", "setting", "drafter", "tok/s", "tok/s/req", "speedup",
-                          "paired", "tau", "per-position acc.", "TTFT s", "compile s", "greedy match",
+                          "paired", "tau", "per-position acc.", "TTFT s", "decode tok/s", "compile s",
+                          "greedy match",
                           "peak RSS MB"], rows))
         out.append("")
     peer_rows = peers_summary(r)
@@ -259,7 +260,8 @@ def render_speed(r: dict, docs_path: str) -> str:
         out.append("")
         out.append(caption(r))
         out.append("")
-        out.append(table(["engine", "weights / dtype", "method", "tokens", "tok/s", "÷ eagle-jax plain",
+        out.append(table(["engine", "weights / dtype", "method", "tokens", "tok/s",
+                          "decode: eagle-jax plain ÷ engine", "÷ eagle-jax plain",
                           "eagle-jax plain ÷ engine", "best eagle-jax speculative ÷ engine",
                           "same tokens as eagle-jax plain", "threads (calibration tok/s)"], peer_rows))
         out.append("")
@@ -272,8 +274,9 @@ def render_speed(r: dict, docs_path: str) -> str:
     return "\n".join(out)
 
 
-def _matched_tps(ws: list[dict], a: str, b: str) -> tuple[float | None, float | None]:
-    """Pooled tokens/s of engines a and b over the (workload, round, batch) runs both made."""
+def _matched_tps(ws: list[dict], a: str, b: str, *, decode: bool = False) -> tuple[float | None, float | None]:
+    """Pooled tokens/s of engines a and b over the (workload, round, batch) runs both made;
+    decode: the tokens after each row's first over the time after the first token."""
     ta = wa = tb = wb = 0.0
     for w in ws:
         ea, eb = w["engines"].get(a), w["engines"].get(b)
@@ -282,13 +285,13 @@ def _matched_tps(ws: list[dict], a: str, b: str) -> tuple[float | None, float | 
         rb = {(x["round"], x["batch"]): x for x in eb.get("runs", [])}
         for x in ea.get("runs", []):
             y = rb.get((x["round"], x["batch"]))
-            if y is None:
+            if y is None or (decode and (x.get("ttft_s") is None or y.get("ttft_s") is None)):
                 continue
-            ta += sum(x["tokens"])
-            wa += x["wall_s"]
-            tb += sum(y["tokens"])
-            wb += y["wall_s"]
-    return (ta / wa if wa else None), (tb / wb if wb else None)
+            ta += sum(x["tokens"]) - (len(x["tokens"]) if decode else 0)
+            wa += x["wall_s"] - (x["ttft_s"] if decode else 0.0)
+            tb += sum(y["tokens"]) - (len(y["tokens"]) if decode else 0)
+            wb += y["wall_s"] - (y["ttft_s"] if decode else 0.0)
+    return (ta / wa if wa > 0 else None), (tb / wb if wb > 0 else None)
 
 
 def _calib(c: dict) -> str:
@@ -314,6 +317,7 @@ def peers_summary(r: dict) -> list[list]:
     for n, (t, s, e) in info.items():
         v = t / s if s else None
         x, plain = _matched_tps(ws, n, "plain")
+        dx, dplain = _matched_tps(ws, n, "plain", decode=True)
         best_cell = "–"
         if spec and n not in spec and n != "plain":
             best = max(spec, key=lambda m: _matched_tps(ws, m, n)[0] or 0.0)
@@ -322,6 +326,7 @@ def peers_summary(r: dict) -> list[list]:
                 best_cell = f"{fmt(bx / by)} (`{best}`)"
         rows.append([f"`{n}`", f"{e.get('weights') or ''} {e.get('dtype') or ''}".strip(),
                      e.get("setting") or e.get("method", ""), t, fmt(v, 1),
+                     fmt(dplain / dx if dx and dplain else None),
                      fmt(x / plain if x and plain else None), fmt(plain / x if x and plain else None),
                      best_cell, fmt(e.get("greedy_match_rate")),
                      f"{e.get('threads') or 'XLA default'}"

@@ -10,7 +10,7 @@ weights as they are (the native ones after a one-time packing): the norm
 gains always scale the activations, never the weight.
 """
 
-from eagle_jax.kernels.cpu import PackedWeight, pack_weight
+from eagle_jax.kernels.cpu import PackedWeight, pack_weight, pack_weights
 from eagle_jax.kernels.fused_norm_matmul import (
     auto_impl,
     fused_norm_matmul,
@@ -20,5 +20,5 @@ from eagle_jax.kernels.fused_norm_matmul import (
     rms_norm_matmul_reference,
 )
 
-__all__ = ["PackedWeight", "auto_impl", "fused_norm_matmul", "matmul", "norm_swiglu", "pack_weight",
+__all__ = ["PackedWeight", "auto_impl", "fused_norm_matmul", "matmul", "norm_swiglu", "pack_weight", "pack_weights",
            "resolve_impl", "rms_norm_matmul_reference"]

@@ -65,10 +65,11 @@ def prepare_for_decoding(params, *, impl: str = "auto"):
     """Pack the projections for the native CPU kernels when `impl` resolves to them."""
     if resolve_impl(impl) != "native":
         return params
-    layer = {name: cpu.pack_weight(x) if name in ("wqkv", "wo", "w_gate_up", "w_down") else x
-             for name, x in params["layer"].items()}
-    return {**params, "layer": layer, "fc": cpu.pack_weight(params["fc"]),
-            "lm_head": cpu.pack_weight(params["lm_head"])}
+    names = [name for name in params["layer"] if name in ("wqkv", "wo", "w_gate_up", "w_down")]
+    *projections, fc, lm_head = cpu.pack_weights([*(params["layer"][n] for n in names), params["fc"],
+                                                  params["lm_head"]])
+    return {**params, "layer": {**params["layer"], **dict(zip(names, projections))}, "fc": fc,
+            "lm_head": lm_head}
 
 
 def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = "auto") -> jax.Array:

@@ -46,20 +46,16 @@ def unstack_layers(params):
 
 def pack_for_cpu(params, cfg: TargetConfig):
     """Pack every projection (and the lm_head, the transposed embedding when
-    tied) for the native CPU kernels; stacked or per-layer `layers` alike."""
-
-    def pack(w):  # [K, N] or stacked [L, K, N]
-        if w.ndim == 2:
-            return cpu.pack_weight(w)
-        packed = [cpu.pack_weight(x) for x in w]
-        return cpu.PackedWeight(jnp.stack([p.data for p in packed]), packed[0].k, packed[0].n)
-
-    def pack_layer(layer):
-        return {name: pack(x) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
-
+    tied) for the native CPU kernels, all in one host block; stacked or
+    per-layer `layers` alike."""
     layers = params["layers"]
-    layers = tuple(pack_layer(p) for p in layers) if isinstance(layers, tuple) else pack_layer(layers)
-    return {**params, "layers": layers, "lm_head": pack(lm_head_weight(params, cfg))}
+    per_layer = layers if isinstance(layers, tuple) else (layers,)
+    weights = [x for layer in per_layer for name, x in layer.items() if name in MATMUL_WEIGHTS]
+    packed = iter(cpu.pack_weights([*weights, lm_head_weight(params, cfg)]))
+    per_layer = tuple({name: next(packed) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
+                      for layer in per_layer)
+    return {**params, "layers": per_layer if isinstance(layers, tuple) else per_layer[0],
+            "lm_head": next(packed)}
 
 
 def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unroll: bool | None = None):

@@ -377,27 +377,17 @@ void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t
 template <typename X, typename W, typename Y>
 void matmul(ffi::ThreadPool& pool, const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx) {
   const int64_t tiles = (o.N + kCols - 1) / kCols;
-  if (M < 2 * kMaxRows) {
-    // Several tiles per task, so that a task streams >= ~128 KiB of W.
-    const int64_t tile_bytes = kx * kCols * sizeof(X) * (o.kind == kSwiglu ? 2 : 1);
-    const int64_t per_task = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, tile_bytes));
-    const int64_t tasks = (tiles + per_task - 1) / per_task;
-    parallel_for(pool, tasks, [&](int64_t task) {
-      for (int64_t t = task * per_task; t < std::min(tiles, (task + 1) * per_task); ++t)
-        column_tile(x, w, o, M, kx, t, tiles, false);
-    });
-    return;
-  }
-  // Two or more full passes per tile (measured: fetching ahead paid from
-  // M = 12 on, and cost at M = 8): contiguous runs of tiles per task, so
-  // that its passes can fetch the task's next tile; one run per thread for
-  // small weights (the best split of their few tiles anyway), runs of 8 to
-  // 15 tiles for large ones.
+  // Contiguous runs of tiles per task: one run per thread for small weights
+  // (the best split of their few tiles anyway), runs of 8 to 15 tiles for
+  // large ones (measured against one-tile tasks: 0-15% faster at M = 1). With
+  // two or more full passes per tile, each pass also fetches part of the
+  // task's next tile (measured: that paid from M = 12 on, and cost at M = 8).
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t tasks = std::min(tiles, threads * std::max<int64_t>(1, tiles / (8 * threads)));
+  const bool fetch = M >= 2 * kMaxRows;
   parallel_for(pool, tasks, [&](int64_t task) {
     const int64_t t0 = task * tiles / tasks, t1 = (task + 1) * tiles / tasks;
-    for (int64_t t = t0; t < t1; ++t) column_tile(x, w, o, M, kx, t, tiles, t + 1 < t1);
+    for (int64_t t = t0; t < t1; ++t) column_tile(x, w, o, M, kx, t, tiles, fetch && t + 1 < t1);
   });
 }
 

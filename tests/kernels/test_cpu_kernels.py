@@ -53,6 +53,27 @@ def test_matmul_against_float64(poisoned, dtype, m, k, n):
     np.testing.assert_array_equal(np.asarray(yb), np.asarray(jnp.asarray(y).astype(jnp.bfloat16)))
 
 
+def test_pack_weights_shares_one_block_and_matches_pack_weight():
+    """Weights packed together (2D and stacked, both dtypes) equal each packed
+    alone; a block of 2 MiB or more starts on a 2 MiB boundary (what lets the
+    OS back it with huge pages) and the CPU arrays are that block, not copies."""
+    rng = np.random.default_rng(3)
+    ws = [jnp.asarray(rng.standard_normal((1536, 576)), jnp.bfloat16),  # 1.8 MB
+          np.asarray(rng.standard_normal((65, 130)), np.float32),
+          jnp.asarray(rng.standard_normal((3, 577, 70)), jnp.bfloat16)]
+    packed = cpu.pack_weights(ws)
+    for w, p in zip(ws[:2], packed[:2]):
+        np.testing.assert_array_equal(np.asarray(p.data), np.asarray(cpu.pack_weight(w).data))
+        np.testing.assert_array_equal(np.asarray(p.unpack()), np.asarray(w))
+    stacked = packed[2]
+    assert (stacked.k, stacked.n) == (577, 70)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(stacked.data[i]), np.asarray(cpu.pack_weight(ws[2][i]).data))
+    start = packed[0].data.unsafe_buffer_pointer()
+    assert start % (2 << 20) == 0
+    assert packed[1].data.unsafe_buffer_pointer() == start + ws[0].size * 2  # 4 KiB-rounded, adjacent
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_matmul_rows_do_not_depend_on_m(dtype):
     """Row i of an M-row call equals the 1-row call on x[i], bit for bit, for every M."""
