@@ -53,6 +53,26 @@ def test_matmul_against_float64(poisoned, dtype, m, k, n):
     np.testing.assert_array_equal(np.asarray(yb), np.asarray(jnp.asarray(y).astype(jnp.bfloat16)))
 
 
+def test_concurrent_calls_match_one_at_a_time(poisoned):
+    """Kernel calls from several threads at once (the library's workers take one call at a
+    time, the others run on XLA's pool) give the results of the same calls made alone."""
+    import concurrent.futures
+
+    rng = np.random.default_rng(5)
+    pws = [cpu.pack_weight(jnp.asarray(rng.standard_normal((576, 960)), jnp.bfloat16)) for _ in range(4)]
+    xs = [jnp.asarray(rng.standard_normal((m, 576)), jnp.bfloat16) for m in (1, 3, 5, 12)]
+    f = jax.jit(cpu.matmul)
+    alone = [np.asarray(f(x, pw)) for x, pw in zip(xs, pws)]
+
+    def many(i):
+        return [np.asarray(f(xs[i], pws[i])) for _ in range(25)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        for i, outs in enumerate(ex.map(many, range(4))):
+            for y in outs:
+                np.testing.assert_array_equal(y, alone[i])
+
+
 def test_pack_weights_shares_one_block_and_matches_pack_weight():
     """Weights packed together (2D and stacked, both dtypes) equal each packed
     alone; a block of 2 MiB or more starts on a 2 MiB boundary (what lets the
