@@ -540,6 +540,12 @@ def render_step_cost(r: dict, docs_path: str) -> str:
                               ["/ floor"] + [fmt(costs[m]["vs_floor"]) for m in ms]]))
             out.append("")
             series[f"{dtype} b={b}"] = [(int(m), costs[m]["vs_m1"]) for m in ms]
+        cb = d.get("compute")
+        if cb:
+            out.append(f"Compute: {fmt(cb['ms_per_row'], 2)} ms per row (M={cb['from_m'][0]} to "
+                       f"{cb['from_m'][1]}); with M=1 at the bandwidth floor, M rows would cost at least "
+                       + ", ".join(f"{fmt(v)}x (M={m})" for m, v in cb["vs_m1_at_floor"].items()) + " the M=1 cost.")
+            out.append("")
         lc = d.get("long_context") or {}
         out.append(f"Plain forward (M=1) at {lc.get('context')} context: {fmt(lc.get('ms'), 1)} ms, "
                    f"{fmt(lc.get('vs_short'))}x the {st.get('context')}-token one.")

@@ -14,6 +14,9 @@ Measured in one run, each as a ratio to a baseline of the same run:
   committed context of `context` tokens) over M = 1, 2, 3, 5, 8, 12, 16, 32 new tokens per row,
   batch 1 and 4; median ms, ratio to M = 1 and to the floor. Plus M = 1 at a
   long context (`long_context`), the KV bytes a plain step must read.
+* `compute`: the marginal cost of a row between the two largest M (where
+  the forward is compute bound), and the least cost of M rows relative to
+  M = 1 that it implies once M = 1 runs at the bandwidth floor.
 * `drafter`: one drafter step (T = 1, a chain step; T = top_k, a tree level)
   and the feature projection, against a target M = 1 forward.
 * `steps`: whole decoding steps from `Generator.generate` (plain, chain k,
@@ -213,13 +216,25 @@ def batched_throughput(gen, rows: int, max_new: int, repeats: int) -> float:
     return best
 
 
+def compute_bound(costs: dict, floor_ms: float) -> dict:
+    """The compute rate from the forward costs (batch 1): the marginal cost of a row between the
+    two largest M measured, where the forward is compute bound, and what it implies for a
+    forward whose M = 1 cost sits at the bandwidth floor: M rows cost at least
+    max(floor, M x per-row cost), i.e. that over the floor times the M = 1 cost."""
+    ms = sorted(int(m) for m in costs)
+    lo, hi = ms[-2], ms[-1]
+    per_row = (costs[str(hi)]["ms"] - costs[str(lo)]["ms"]) / (hi - lo)
+    return {"ms_per_row": per_row, "from_m": [lo, hi],
+            "vs_m1_at_floor": {str(m): max(floor_ms, m * per_row) / floor_ms for m in (5, 8, 12, 16)}}
+
+
 def run(dtypes=("bfloat16", "float32"), *, quick: bool = False, target: str = "smollm2-135m-instruct",
         context: int = 256, long_context: int = 4096, repeats: int = 9, log=print) -> dict:
     from eagle_jax.benchmarks import harness as H
     from eagle_jax.config import SpecConfig
     from eagle_jax.generate import Generator
 
-    ms_list = (1, 2, 5, 12, 16) if quick else FORWARD_M
+    ms_list = (1, 2, 5, 8, 12, 16, 32) if quick else FORWARD_M
     max_new = 48 if quick else 96
     chain_k = SpecConfig.num_speculative_tokens
     result = H.result_header("step_cost")
@@ -245,6 +260,9 @@ def run(dtypes=("bfloat16", "float32"), *, quick: bool = False, target: str = "s
                                     for m, v in costs.items()}
             log(f"{dtype} forward b={b}: " + ", ".join(f"M={m} {v:.1f} ms ({v / costs[1]:.2f}x)"
                                                      for m, v in costs.items()))
+        r["compute"] = compute_bound(r["forward"]["1"], floor_ms)
+        log(f"{dtype} compute: {r['compute']['ms_per_row']:.2f} ms per row; at the bandwidth floor, M rows "
+            "cost at least " + ", ".join(f"M={m} {v:.2f}x" for m, v in r["compute"]["vs_m1_at_floor"].items()))
         long = forward_costs(plain, (1,), 1, long_context, repeats)[1]
         short = r["forward"]["1"]["1"]["ms"]
         r["long_context"] = {"context": long_context, "ms": long, "vs_short": long / short}

@@ -57,10 +57,13 @@ class GenerationResult:
 
 
 def _bucket(n: int, chunk: int) -> int:
-    """Padded prompt length: a power of two (>= 16) up to `chunk`, then multiples of it."""
-    if n <= chunk:
-        return max(16, 1 << math.ceil(math.log2(max(n, 1))))
-    return math.ceil(n / chunk) * chunk
+    """Padded prompt length: the least of 16, 24, 32, 48, ... (powers of two and 1.5 times
+    them) that holds n, up to `chunk`, then multiples of it. Prefill costs in proportion to
+    the padded length on CPU: this pads at most a third (powers of two alone: up to half)."""
+    if n > chunk:
+        return math.ceil(n / chunk) * chunk
+    p = 1 << math.ceil(math.log2(max(n, 16)))
+    return min(chunk, 3 * p // 4 if 3 * p // 4 >= n and p >= 32 else p)
 
 
 class Generator:

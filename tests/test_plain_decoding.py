@@ -182,3 +182,13 @@ def test_eos_and_per_row_max_new_tokens(gen, greedy_batch):
             assert reason == "length" and len(ids) == m
             hit_limit = hit_limit or m < MAX_NEW
     assert hit_eos and hit_limit, "the prompts should exercise both an EOS and a per-row limit"
+
+
+def test_prompt_buckets_hold_the_prompt_and_pad_at_most_a_third():
+    from eagle_jax.generate import _bucket
+
+    sizes = {_bucket(n, 512) for n in range(1, 513)}
+    assert sizes == {16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}
+    for n in range(1, 2000):
+        b = _bucket(n, 512)
+        assert b >= n and (b <= max(16, 1.5 * n) if n <= 512 else b % 512 == 0 and b - n < 512)

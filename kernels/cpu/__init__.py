@@ -57,7 +57,10 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("eagle_cpu.cc")
 COLS = 64  # columns per packed tile (eagle_cpu.cc kCols)
-MAX_ATTENTION_TOKENS = 64  # longer forwards (prefill chunks) attend through XLA
+# Longer forwards attend through XLA. Native up to the default prefill chunk:
+# measured on a 179-token prompt (padded to 256), bf16, one core: attention
+# 220 -> 71 ms of a 0.53 -> 0.43 s prefill.
+MAX_ATTENTION_TOKENS = 512
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 

@@ -128,6 +128,8 @@ def test_render_with_no_results(tmp_path):
 
 
 def test_step_cost_section(tmp_path):
+    from eagle_jax.benchmarks import step_cost
+
     rd = tmp_path / "results"
     rd.mkdir()
     fwd = {str(m): {"ms": 10.0 + m, "vs_m1": (10.0 + m) / 11.0, "vs_floor": (10.0 + m) / 7.0} for m in (1, 5, 16)}
@@ -138,7 +140,8 @@ def test_step_cost_section(tmp_path):
         "suite": "step_cost", "mode": "quick", "date": "2026-01-01T00:00:00", "bandwidth_gbps": 40.0,
         "settings": {"context": 256, "repeats": 9},
         "dtypes": {"bfloat16": {"impl": "native", "weight_bytes": 270 * 2**20, "floor_ms": 7.0,
-                                "forward": {"1": fwd}, "long_context": {"context": 4096, "ms": 14.0, "vs_short": 1.27},
+                                "forward": {"1": fwd}, "compute": step_cost.compute_bound(fwd, 7.0),
+                                "long_context": {"context": 4096, "ms": 14.0, "vs_short": 1.27},
                                 "drafter": {"step_T1": 0.5, "weight_bytes": 2**20, "vs_target_m1": {"step_T1": 0.05}},
                                 "steps": {"plain": step(11.0, 1.0, None, 1.0), "tree": step(17.0, 1.55, 1.8, 1.16)},
                                 "breakdown": {"tree": {"target": 14.0, "draft": 1.0}},
@@ -150,6 +153,9 @@ def test_step_cost_section(tmp_path):
     assert "| / M=1 | 1.00 | 1.36 | 2.36 |" in section
     assert "| tree | 17.0 | 1.55 | 1.80 | 90.0 | 1.16 | yes | target 14.0, draft 1.0 |" in section
     assert "(8.9x)" in section and "forward-cost.png" in section
+    # one row costs 1 ms between M=5 and M=16; from a 7 ms floor: M=8 max(7, 8)/7, M=16 16/7
+    assert ("Compute: 1.00 ms per row (M=5 to 16); with M=1 at the bandwidth floor, M rows would cost at "
+            "least 1.00x (M=5), 1.14x (M=8), 1.71x (M=12), 2.29x (M=16) the M=1 cost.") in section
 
 
 def test_learning_curve_section(tmp_path):

@@ -198,11 +198,13 @@ def _native_attention(a, layer, slot_mask=None, **over):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("t,d,lengths,qk_norm", [(1, 64, (7, 33), False), (5, 64, (0, 48), True),
-                                                 (12, 128, (40, 3), False), (3, 64, (46, 47), True)])
+                                                 (12, 128, (40, 3), False), (3, 64, (46, 47), True),
+                                                 (200, 64, (0, 37), True)])  # a prefill chunk
 def test_attention_against_xla(dtype, t, d, lengths, qk_norm):
     """Split, (Qwen3 q/k norms,) RoPE and attention in one call against the model's
     XLA path: layers.split_heads + rotate_qk + nn/attention.py."""
-    a = _attention_inputs(np.random.default_rng(t + d), dtype, t=t, d=d, lengths=lengths, qk_norm=qk_norm)
+    a = _attention_inputs(np.random.default_rng(t + d), dtype, t=t, d=d, lengths=lengths, qk_norm=qk_norm,
+                          s=48 if t <= 12 else max(lengths) + t)
     out, k2, v2 = _native_attention(a, 1)
     q, k, v = split_heads(a["qkv"], a["num_heads"], a["k_cache"].shape[2], d)
     norms = a["qk_norm"] or (None, None)
