@@ -34,9 +34,11 @@
 // makes greedy speculative decoding exactly equal to plain decoding.
 //
 // Portable C++17 with GCC/Clang vector extensions (AVX-512 when the compiler
-// targets it, AVX2 or NEON otherwise); work is split over XLA's intra-op
-// thread pool, and the calling thread takes whatever tasks the pool has not
-// started, so a busy or single-thread pool never blocks a call.
+// targets it, AVX2 or NEON otherwise); work is split over this library's
+// worker threads (as many as XLA's intra-op pool has, less the caller; they
+// spin briefly between calls) or, when those are busy, XLA's pool, and the
+// calling thread takes whatever tasks are left, so a busy or single-thread
+// pool never blocks a call.
 
 #include <algorithm>
 #include <atomic>
