@@ -223,9 +223,10 @@ def _host_block(nbytes: int) -> np.ndarray:
     has them.
 
     A decode step streams every weight once; with 4 KiB pages the TLB misses
-    of that stream cost about a tenth of a bf16 step (measured on the 2-core
-    EPYC: 11.5 -> 10.3 ms per token). The memory is returned when the last
-    array viewing it is gone."""
+    of that stream cost about a twentieth of a bf16 step (2-core EPYC, the same
+    weights in XLA's buffers against this block, interleaved: 11.42 -> 10.83 ms
+    per token, median; benchmarks/results/analysis.md, sixth kernel pass). The
+    memory is returned when the last array viewing it is gone."""
     flags = getattr(mmap, "MAP_PRIVATE", None)
     if flags is None or nbytes < _HUGE_PAGE:  # no POSIX mmap, or too small to hold a huge page
         return np.zeros(nbytes, np.uint8)
