@@ -1,6 +1,6 @@
 """The draft-vocabulary size: held-out coverage against the drafter's step cost.
 
-    python -m eagle_jax.benchmarks.draft_vocab [--sizes 2048,4096,8192,16384,32768]
+    python -P -m eagle_jax.benchmarks.draft_vocab [--sizes 2048,4096,8192,16384,32768]
 
 A drafted token outside the draft vocabulary can never be accepted, so the
 coverage of the target's held-out answers bounds the acceptance of every

@@ -1,8 +1,8 @@
 """Learning curve: one point per trained drafter, measured on fixed held-out sets.
 
     eagle-jax bench --suite learning-curve --draft train/state/eagle3.1 [--label NAME]
-    python -m eagle_jax.benchmarks.learning_curve --draft runs/x/drafter --label x
-    python -m eagle_jax.benchmarks.learning_curve --make-heldout    # once: writes HELDOUT_SET
+    python -P -m eagle_jax.benchmarks.learning_curve --draft runs/x/drafter --label x
+    python -P -m eagle_jax.benchmarks.learning_curve --make-heldout    # once: writes HELDOUT_SET
 
 Each point is one line of ``benchmarks/results/learning_curve.jsonl`` (schema
 in `validate_point`): what the drafter was trained on (token positions seen,
@@ -105,7 +105,7 @@ def read_heldout_set(path: str | os.PathLike = HELDOUT_SET) -> dict:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"held-out set {path} not found (python -m eagle_jax.benchmarks.learning_curve "
+        raise FileNotFoundError(f"held-out set {path} not found (python -P -m eagle_jax.benchmarks.learning_curve "
                                 "--make-heldout writes it once)")
     out: dict = {"answers": [], **{name: [] for name in PROMPT_SETS}}
     for rec in iter_jsonl(path):
@@ -282,7 +282,7 @@ def summary_line(p: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eagle_jax.benchmarks.learning_curve",
+    p = argparse.ArgumentParser(prog="python -P -m eagle_jax.benchmarks.learning_curve",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--draft", help="drafter directory or training state directory (train/state/<variant>)")
     p.add_argument("--label", help="name of the point (default: the directory name)")

@@ -1,7 +1,7 @@
 """Render docs/benchmarks.md (tables + matplotlib PNGs) from benchmarks/results/*.json.
 
     eagle-jax bench --suite report [--output-dir DIR] [--docs PATH]
-    python -m eagle_jax.benchmarks.report
+    python -P -m eagle_jax.benchmarks.report
 
 For each suite (speed, drift, plain_vs_transformers, serve) the newest result per
 (mode, machine) is rendered; older files are listed at the end. Every table

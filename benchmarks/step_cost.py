@@ -1,7 +1,7 @@
 """Step cost: what one target forward, one drafter step and one decoding step cost.
 
     eagle-jax bench --suite step-cost [--quick] [--dtype bfloat16,float32]
-    python -m eagle_jax.benchmarks.step_cost --quick
+    python -P -m eagle_jax.benchmarks.step_cost --quick
 
 Measured in one run, each as a ratio to a baseline of the same run:
 

@@ -1,6 +1,6 @@
 """Teacher-forced drafter accuracy on training vs held-out answers of the target.
 
-    python -m eagle_jax.benchmarks.teacher_forced --data runs/data/sharegpt-regen.jsonl \
+    python -P -m eagle_jax.benchmarks.teacher_forced --data runs/data/sharegpt-regen.jsonl \
         --draft eagle_jax/drafters/smollm2-135m-eagle3.1 --draft eagle_jax/drafters/smollm2-135m-eagle3
 
 The engine's acceptance on a few prompts is noisy (a handful of verify steps
@@ -98,7 +98,7 @@ def step_accuracy(tcfg, tparams, tokenizer, dcfg, dparams, vocab, convs, *, step
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eagle_jax.benchmarks.teacher_forced", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -P -m eagle_jax.benchmarks.teacher_forced", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="regenerated training JSONL (eagle-jax regenerate)")
     p.add_argument("--draft", action="append", required=True, help="drafter checkpoint dir (repeatable)")
     p.add_argument("--target", default="smollm2-135m-instruct")
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     train = [c for c in read_conversations(args.data, None)
              if not data.is_heldout(c["id"], args.heldout_fraction)
              and c["messages"][-1]["role"] == "assistant"][: args.num]
-    result = {"command": "python -m eagle_jax.benchmarks.teacher_forced " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -P -m eagle_jax.benchmarks.teacher_forced " + " ".join(argv if argv is not None else sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M"), "data": args.data, "drafters": {}}
     out = Path(args.output or f"benchmarks/results/teacher-forced-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -345,3 +345,18 @@ def test_batch_over_disable_by_batch_size_decodes_plainly(smollm2_target, tmp_pa
     assert "over --disable-by-batch-size (1): decoding without speculation" in captured.err
     assert out["method"] == "plain" and "acceptance_length" not in out
     assert out["token_ids"] == plain["token_ids"]
+
+
+def test_checkout_root_on_sys_path_is_refused_in_one_line():
+    """`python -m` from the checkout puts its root on sys.path, where `kernels/` would shadow the
+    `kernels` package transformers imports: the package refuses, naming the fix; -P runs."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    bad = subprocess.run([sys.executable, "-m", "eagle_jax.cli", "--help"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:") and "shadows the `kernels` package" in last and "PYTHONSAFEPATH=1" in last
+    good = subprocess.run([sys.executable, "-P", "-m", "eagle_jax.cli", "--help"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr

@@ -5,9 +5,9 @@ e.g. runs/data/sharegpt-regen.jsonl); what it produced is kept by merging it
 into the committed, gzip-compressed copy (train/data/sharegpt-regen.jsonl.gz)
 and its provenance (train/data/sharegpt-regen.provenance.json):
 
-    python -m eagle_jax.train.datastore merge runs/data/sharegpt-regen.jsonl \\
+    python -P -m eagle_jax.train.datastore merge runs/data/sharegpt-regen.jsonl \\
         train/data/sharegpt-regen.jsonl.gz
-    python -m eagle_jax.train.datastore stats train/data/sharegpt-regen.jsonl.gz
+    python -P -m eagle_jax.train.datastore stats train/data/sharegpt-regen.jsonl.gz
 
 A merge appends the records whose id the committed file lacks, in working-file
 order, as one new gzip member (the bytes already committed are left as they
@@ -342,7 +342,7 @@ def _stats(path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eagle_jax.train.datastore", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -P -m eagle_jax.train.datastore", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("merge", help="append the new ids of working JSONL files to the committed .jsonl.gz")
     m.add_argument("working", nargs="+", help="working JSONL file(s) written by eagle-jax regenerate")

@@ -2,7 +2,7 @@
 
     eagle-jax regenerate --output runs/data/sharegpt-regen.jsonl --max-conversations 400 \
         --skip-ids-from train/data/sharegpt-regen.jsonl.gz
-    python -m eagle_jax.train.datastore merge runs/data/sharegpt-regen.jsonl train/data/sharegpt-regen.jsonl.gz
+    python -P -m eagle_jax.train.datastore merge runs/data/sharegpt-regen.jsonl train/data/sharegpt-regen.jsonl.gz
     eagle-jax train --config train/configs/smollm2-eagle31.yaml --data train/data/sharegpt-regen.jsonl.gz
 
 A drafter is judged by how often it predicts what the *target* says, so it
@@ -100,7 +100,7 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
     out_path = Path(out_path)
     if out_path.name.endswith(".gz"):
         raise ValueError(f"{out_path}: regenerate appends to a plain .jsonl working file; merge it into "
-                         "a .jsonl.gz with `python -m eagle_jax.train.datastore merge`")
+                         "a .jsonl.gz with `python -P -m eagle_jax.train.datastore merge`")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = read_done(out_path) | set(skip_ids)
     todo = [c for c in conversations if c["id"] not in done]

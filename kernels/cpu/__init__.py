@@ -29,7 +29,7 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
 None of these has a gradient rule: they serve decoding; training runs XLA.
 
 The library is compiled from `eagle_cpu.cc` with the system C++ compiler on
-first use (or by `make setup`: `python -m eagle_jax.kernels.cpu`) into
+first use (or by `make setup`: `python -P -m eagle_jax.kernels.cpu`) into
 `$EAGLE_JAX_CACHE/native/` (default ~/.cache/eagle_jax), keyed by the
 source, compiler, flags, jaxlib and CPU, and loaded with ctypes. Without a
 compiler `available()` is False and `impl="auto"` uses XLA.

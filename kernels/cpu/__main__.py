@@ -1,4 +1,4 @@
-"""`python -m eagle_jax.kernels.cpu`: build the native CPU kernels now and say where (or why not)."""
+"""`python -P -m eagle_jax.kernels.cpu`: build the native CPU kernels now and say where (or why not)."""
 
 from eagle_jax.kernels.cpu import NativeKernelError, build
 
