@@ -51,25 +51,29 @@ _PACKAGE_DIRS = {"kernels": "kernels", "train": "train", "serve": "serve", "benc
 
 def _bootstrap_package(root: str) -> None:
     """Make `eagle_jax` importable from a bare checkout (nothing installed):
-    the repo root on sys.path, and the subpackages that pyproject maps from
-    top-level directories registered under their package names."""
+    the package and the subpackages that pyproject maps from top-level
+    directories registered under their package names. The root itself stays
+    off sys.path (its kernels/ would shadow the `kernels` package)."""
     here = os.path.join(root, "benchmarks")  # a script's own folder: its modules would shadow packages
     sys.path[:] = [q for q in sys.path if os.path.abspath(q or ".") != here]
-    if root not in sys.path:
-        sys.path.insert(0, root)
+
+    def register(name: str, path: str):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    if importlib.util.find_spec("eagle_jax") is None:
+        register("eagle_jax", os.path.join(root, "eagle_jax"))
     import eagle_jax
 
     for sub, folder in _PACKAGE_DIRS.items():
         name = f"eagle_jax.{sub}"
         if name in sys.modules or importlib.util.find_spec(name) is not None:
             continue
-        path = os.path.join(root, folder)
-        spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
-                                                      submodule_search_locations=[path])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        setattr(eagle_jax, sub, module)
-        spec.loader.exec_module(module)
+        setattr(eagle_jax, sub, register(name, os.path.join(root, folder)))
 
 
 if __name__ == "__main__":
