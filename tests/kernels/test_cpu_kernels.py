@@ -229,6 +229,22 @@ def test_attention_against_xla(dtype, t, d, lengths, qk_norm):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("t,lengths", [(1, (700, 255)), (4, (254, 513))])
+def test_attention_over_long_contexts_against_xla(dtype, t, lengths):
+    """Hundreds of cached keys, rows of a batch with very different lengths: the
+    native attention equals the XLA attention."""
+    a = _attention_inputs(np.random.default_rng(t), dtype, t=t, lengths=lengths, layers=2, s=max(lengths) + t + 5)
+    out, _, _ = _native_attention(a, 1)
+    q, k, v = split_heads(a["qkv"], a["num_heads"], a["k_cache"].shape[2], 64)
+    q, k = rotate_qk(q, k, a["cos"], a["sin"])
+    f32 = lambda x: x.astype(jnp.float32)
+    ref = xla_attention(f32(q), f32(a["k_cache"][1]), f32(a["v_cache"][1]),
+                        committed_mask(a["lengths"], a["k_cache"].shape[3], t), f32(k), f32(v), a["new_mask"])
+    tol = 2e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_attention_with_a_slot_mask_against_xla(dtype):
     """A per-query slot mask (the tree drafter's: committed slots plus a node's
     drafted ancestors) sees exactly the slots it allows, past `lengths` too."""
