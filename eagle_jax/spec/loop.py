@@ -253,6 +253,31 @@ def run(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> Decod
                               partial(step, tparams, dparams, vocab, lc=lc), state)
 
 
+def insert(state: DecodeState, row: DecodeState, slot) -> DecodeState:
+    """State `state` (batch B) with row `slot` (a traced int) replaced by the
+    one-row state `row` (batch 1, same cache length and output width).
+
+    Every leaf of the slot is overwritten along its batch axis (axis 1 of the
+    caches' k/v, axis 0 elsewhere), so nothing of its previous row survives."""
+    def put(big, one, axis=0):
+        return jax.lax.dynamic_update_slice_in_dim(big, one.astype(big.dtype), slot, axis)
+
+    def put_cache(big: KVCache | None, one: KVCache | None):
+        if big is None:
+            return None
+        return big.replace(k=put(big.k, one.k, 1), v=put(big.v, one.v, 1), lengths=put(big.lengths, one.lengths))
+
+    rest = jax.tree.map(put, state.replace(tcache=None, dcache=None), row.replace(tcache=None, dcache=None))
+    return rest.replace(tcache=put_cache(state.tcache, row.tcache), dcache=put_cache(state.dcache, row.dcache))
+
+
+def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
+    """Mark rows [B] bool done: they emit nothing more (a stop string, a cancellation)."""
+    return state.replace(done=state.done | rows)
+
+
 prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
 step_jit = jax.jit(step, static_argnames=("lc",), donate_argnames=("state",))
+insert_jit = jax.jit(insert, donate_argnames=("state",))
+finish_rows_jit = jax.jit(finish_rows, donate_argnames=("state",))

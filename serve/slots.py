@@ -1,0 +1,311 @@
+"""A continuous-batching engine: a fixed set of row slots that requests join and leave between steps.
+
+    engine = SlotEngine(generator, slots=4, max_len=1024)   # compiles its programs before it returns
+    req = engine.submit(prompt_ids, Sampling(max_tokens=64), stream=True)   # serve/engine.py's interface
+
+All slots live in one batched `DecodeState` (spec/loop.py) of `slots` rows,
+each with `max_len` cache slots and one output width, so one compiled step
+serves every mix of requests. One host thread runs the loop:
+
+1. admit: each waiting request is prefilled alone (batch 1, its prompt padded
+   to generate.py's bucket) and written into a free slot (`loop.insert_jit`;
+   the slot is a traced index: one program for every slot);
+2. step: one `loop.step_jit` over all slots, plain or speculative;
+3. observe: read each row's new tokens (`_read`, fresh arrays of at most
+   `tokens_per_step` tokens a row), push their text through serve/engine.py's
+   stop-string logic, and end rows on EOS, limits, a stop string or a
+   cancellation (`loop.finish_rows_jit` marks the row done on the device).
+
+A free slot is a done row: it emits nothing, and the next request written
+into it overwrites every leaf of the slot. Sampling settings are per-row
+arrays of the state (a greedy row has temperature 0), so no setting
+recompiles anything; the prefill is compiled per prompt bucket, those up to
+`warm_prompt_tokens` at construction (`info()["warmup_s"]`).
+
+Not yet here (issue 18, item 1): chunked prefill of newcomers while others
+decode (a newcomer's prefill now stalls the running rows), per-row adaptive
+speculation depth, and `Generator.generate` on this engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eagle_jax.config import SamplingConfig
+from eagle_jax.generate import _bucket
+from eagle_jax.serve.engine import _FINISH, Delta, Done, EngineError, Request, Sampling, _spec_counts, _StreamText
+from eagle_jax.spec import loop
+from eagle_jax.spec.sampling import SamplingParams, row_keys
+
+__all__ = ["SlotEngine"]
+
+_keys_jit = jax.jit(row_keys)
+
+
+@partial(jax.jit, static_argnames=("width",))
+def _read(state: loop.DecodeState, start: jax.Array, *, width: int):
+    """Fresh host-bound copies: (num_generated [B], done [B], out[b, start[b] : start[b] + width] [B, width],
+    stats). Copies, so the next step may donate the state."""
+    cols = jnp.minimum(start[:, None] + jnp.arange(width)[None], state.out.shape[1] - 1)
+    return (jnp.copy(state.num_generated), jnp.copy(state.done), jnp.take_along_axis(state.out, cols, axis=1),
+            jax.tree.map(jnp.copy, state.stats))
+
+
+@dataclasses.dataclass
+class _Row:
+    """A request in a slot, as the host sees it."""
+    req: Request
+    slot: int
+    prompt_len: int
+    text: _StreamText
+    admitted: float
+    ttft_s: float | None = None
+    toks: list = dataclasses.field(default_factory=list)
+    most_rows: int = 1  # most rows running together during its life
+
+
+class SlotEngine:
+    """Continuous batching over `slots` rows of `max_len` cache slots (serve/engine.py's interface)."""
+
+    def __init__(self, generator, *, slots: int = 4, max_len: int = 1024, draft_name: str = "none",
+                 speculative: bool | None = None, warm_prompt_tokens: int = 128):
+        gen = self.gen = generator
+        if gen.tokenizer is None:
+            raise ValueError("the slot engine streams text: the target needs a tokenizer")
+        if slots < 1 or max_len < 16:
+            raise ValueError(f"need slots >= 1 and max_len >= 16, got {slots} and {max_len}")
+        speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
+        lc = gen._loop_config(speculative)
+        # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
+        scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if speculative else 2
+        self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - scratch))
+        self.slots, self.max_len = slots, max_len
+        self.width = 16 * -(-(self.lc.context_limit + self.lc.tokens_per_step) // 16)  # output columns per row
+        self.draft = draft_name if speculative else "none"
+        self.tokenizer, self.context_limit = gen.tokenizer, self.lc.context_limit
+        self.vocab_size = gen.target_cfg.vocab_size
+        self._dparams, self._vocab = gen._drafter_for(self.lc)
+        self._dtype = gen.target_params["embed"].dtype
+        self._waiting: deque[Request] = deque()
+        self._rows: dict[int, _Row] = {}  # slot -> its row (touched by the loop thread only)
+        self._running = 0
+        self._wake = threading.Condition()
+        self.closed = False
+        t0 = time.perf_counter()
+        self._shapes = self._state_shapes()
+        self._state = self._empty()
+        self.warm_buckets = self._warm_up(warm_prompt_tokens)
+        self.warmup_s = time.perf_counter() - t0
+        self._thread = threading.Thread(target=self._loop, name="eagle-jax-slots", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ the interface
+
+    def info(self) -> dict:
+        return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
+                "engine": "slots", "slots": self.slots, "max_len": self.max_len,
+                "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets}
+
+    def check(self, prompt_ids: list[int]) -> None:
+        self.gen.encode_prompts([prompt_ids], chat=False)
+        n = len(prompt_ids)
+        if n >= self.context_limit or _bucket(n, self.gen.prefill_chunk) > self.max_len:
+            raise ValueError(f"the prompt has {n} tokens; this engine's rows hold {self.context_limit}, "
+                             f"leaving no room to generate")
+
+    def load(self) -> tuple[int, int]:
+        with self._wake:
+            return self._running, len(self._waiting)
+
+    def submit(self, prompt_ids: list[int], sampling: Sampling, *, stream: bool) -> Request:
+        """Queue a request (`stream` makes no difference here: every request streams its Deltas)."""
+        if self.closed:
+            raise EngineError("the server is shutting down")
+        self.check(prompt_ids)
+        _params(sampling)  # a bad setting fails here, not on the loop thread
+        if sampling.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
+        req = Request(list(prompt_ids), sampling)
+        with self._wake:
+            self._waiting.append(req)
+            self._wake.notify()
+        return req
+
+    def close(self) -> None:
+        """Stop taking requests; what is queued or running ends with "abort"."""
+        self.closed = True
+        with self._wake:
+            self._wake.notify()
+        self._thread.join(timeout=60)
+
+    # ------------------------------------------------------------ device state
+
+    def _state_shapes(self):
+        """The batched state's leaves (shapes and dtypes), as a prefill of `slots` rows gives them."""
+        def prefill():
+            b = self.slots
+            ones = jnp.ones((b,), jnp.int32)
+            caches = loop.create_caches(self.lc, b, self.max_len, self._dtype)
+            sampling = SamplingParams(jnp.zeros((b,)), jnp.zeros((b,), jnp.int32), jnp.ones((b,)))
+            return loop.prefill(self.gen.target_params, self._dparams, self._vocab, jnp.zeros((b, 16), jnp.int32),
+                                ones, ones, jnp.zeros((b, 2), jnp.uint32), sampling, *caches, lc=self.lc,
+                                out_width=self.width)
+
+        return jax.eval_shape(prefill)
+
+    def _empty(self) -> loop.DecodeState:
+        """Every slot free: an all-done state of zeros."""
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._shapes)
+        return zeros.replace(done=jnp.ones((self.slots,), bool))
+
+    def _prefill(self, ids: list[int], s: Sampling) -> loop.DecodeState:
+        """One request's one-row state: prompt through target (and drafter), first token emitted."""
+        p = _bucket(len(ids), self.gen.prefill_chunk)
+        tokens = np.zeros((1, p), np.int32)
+        tokens[0, :len(ids)] = ids
+        max_new = min(s.max_tokens, self.context_limit - len(ids))
+        keys = _keys_jit(jnp.asarray([s.seed], jnp.int32), jnp.asarray([s.seed_stream], jnp.int32))
+        caches = loop.create_caches(self.lc, 1, self.max_len, self._dtype)
+        return loop.prefill_jit(self.gen.target_params, self._dparams, self._vocab, jnp.asarray(tokens),
+                                jnp.asarray([len(ids)], jnp.int32), jnp.asarray([max_new], jnp.int32), keys,
+                                _params(s), *caches, lc=self.lc, out_width=self.width)
+
+    def _step(self) -> None:
+        self._state = loop.step_jit(self.gen.target_params, self._dparams, self._vocab, self._state, lc=self.lc)
+
+    def _finish(self, slots: list[int]) -> None:
+        if slots:
+            mask = np.zeros((self.slots,), bool)
+            mask[slots] = True
+            self._state = loop.finish_rows_jit(self._state, jnp.asarray(mask))
+
+    def _warm_up(self, prompt_tokens: int) -> list[int]:
+        """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
+        the step, the read and the finish. Returns the buckets; leaves every slot free."""
+        chunk = self.gen.prefill_chunk
+        limit = min(prompt_tokens, self.context_limit - 1)
+        buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
+        warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
+        for p in buckets:
+            self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
+        self._step()
+        jax.block_until_ready(_read(self._state, jnp.zeros((self.slots,), jnp.int32), width=self.lc.tokens_per_step))
+        self._finish([0])
+        self._state = self._empty()
+        return buckets
+
+    # ------------------------------------------------------------ the loop thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self.closed or self._waiting or self._rows):
+                    self._wake.wait()
+                if self.closed:
+                    break
+            try:
+                self._iterate()
+            except BaseException as e:  # noqa: BLE001 - every request in flight reports it
+                self._fail(e)
+        self._abort_all()
+
+    def _iterate(self) -> None:
+        """Admit what fits, then one step over all slots; every row observed after each."""
+        if self._admit():
+            self._observe()
+        if self._rows:
+            self._step()
+            self._observe()
+
+    def _admit(self) -> bool:
+        """Prefill waiting requests into free slots; drop cancelled ones. Whether any was admitted."""
+        admitted = False
+        while True:
+            with self._wake:
+                for req in [r for r in self._waiting if r.cancelled]:
+                    self._waiting.remove(req)
+                    req.push(Done("abort", len(req.prompt_ids), 0, None, time.monotonic() - req.arrived))
+                free = [s for s in range(self.slots) if s not in self._rows]
+                if not free or not self._waiting:
+                    return admitted
+                req = self._waiting.popleft()
+                self._running += 1
+            slot = free[0]
+            self._rows[slot] = _Row(req, slot, len(req.prompt_ids), _StreamText(self.tokenizer, req.sampling.stop),
+                                    time.monotonic())
+            self._state = loop.insert_jit(self._state, self._prefill(req.prompt_ids, req.sampling), slot)
+            admitted = True
+
+    def _observe(self) -> None:
+        """Read every row's new tokens; push their text; end the rows that are over."""
+        start = np.zeros((self.slots,), np.int32)
+        for slot, row in self._rows.items():
+            start[slot] = len(row.toks)
+        n, done, new, stats = jax.tree.map(np.asarray, _read(self._state, jnp.asarray(start),
+                                                             width=self.lc.tokens_per_step))
+        now = time.monotonic()
+        ended, unfinished = [], []
+        for slot, row in self._rows.items():
+            row.ttft_s = row.ttft_s if row.ttft_s is not None else now - row.req.arrived
+            row.most_rows = max(row.most_rows, len(self._rows))
+            row.toks += new[slot, :n[slot] - start[slot]].tolist()
+            final = bool(done[slot]) or row.req.cancelled
+            piece, used = row.text.advance(row.toks, final)
+            if piece:
+                row.req.push(Delta(piece, used))
+            if row.text.stopped or final:
+                ended.append(slot)
+                if not done[slot]:
+                    unfinished.append(slot)
+                row.req.push(self._done(row, bool(done[slot]), stats, now))
+        self._finish(unfinished)
+        with self._wake:
+            for slot in ended:
+                del self._rows[slot]
+                self._running -= 1
+
+    def _done(self, row: _Row, device_done: bool, stats, now: float) -> Done:
+        if row.text.stopped:
+            reason = "stop"
+        elif row.req.cancelled and not device_done:
+            reason = "abort"
+        else:
+            reason = _FINISH[self.gen._finish_reason(row.prompt_len, row.toks)]
+        spec = _spec_counts(stats, row.slot, self.lc.spec.depth) if self.lc.speculative else None
+        extra = {"slot": row.slot, "batch_size": row.most_rows, "queue_s": row.admitted - row.req.arrived,
+                 "tokens_per_s": row.text.tokens / max(now - row.admitted, 1e-9)}
+        return Done(reason, row.prompt_len, row.text.tokens, row.ttft_s, now - row.req.arrived, spec, extra)
+
+    def _fail(self, e: BaseException) -> None:
+        """A device call failed: every request in flight gets the error; the slots start empty."""
+        for req in self._drain():
+            req.push(e)
+        self._state = self._empty()
+
+    def _abort_all(self) -> None:
+        now = time.monotonic()
+        for req in self._drain():
+            req.push(Done("abort", len(req.prompt_ids), 0, None, now - req.arrived))
+
+    def _drain(self) -> list[Request]:
+        """Forget every running and waiting request; returns them."""
+        with self._wake:
+            reqs = [row.req for row in self._rows.values()] + list(self._waiting)
+            self._rows.clear()
+            self._waiting.clear()
+            self._running = 0
+        return reqs
+
+def _params(s: Sampling) -> SamplingParams:
+    """One row's sampling arrays (always arrays, greedy included: one program for every setting)."""
+    c = SamplingConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    return SamplingParams(temperature=jnp.asarray([c.temperature], jnp.float32),
+                          top_k=jnp.asarray([c.top_k], jnp.int32), top_p=jnp.asarray([c.top_p], jnp.float32))

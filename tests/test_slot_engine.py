@@ -1,0 +1,200 @@
+"""serve/slots.py's SlotEngine on SmolLM2-135M (fp32), plain and with its bundled drafter (chain).
+
+Requests join and leave a fixed set of slots between steps; every greedy
+answer must equal what `Generator.generate` gives for the prompt alone,
+whatever ran beside it, and nothing may compile after the warm-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import jax
+import pytest
+
+from eagle_jax.convert.bundled import load_drafter_by_name
+from eagle_jax.generate import Generator
+from eagle_jax.serve.engine import Delta, Sampling
+from eagle_jax.serve.slots import SlotEngine
+from eagle_jax.spec import loop
+
+PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
+           "The largest planet is", "Water boils at", "My favourite colour is"]
+SLOTS = 3
+
+
+def _engine(gen):
+    return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, warm_prompt_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2_target):
+    t = smollm2_target
+    gen = Generator(t.cfg, t.params, t.tokenizer)
+    engine = _engine(gen)
+    yield gen, engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def chain(smollm2_target):
+    t = smollm2_target
+    drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
+    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter)
+    engine = _engine(gen)
+    yield gen, engine
+    engine.close()
+
+
+@pytest.fixture(params=["plain", "chain"])
+def served(request):
+    return request.getfixturevalue(request.param)
+
+
+def _ids(gen, prompt: str) -> list[int]:
+    return gen.tokenizer.encode(prompt)
+
+
+def _alone(gen, prompt: str, max_tokens: int, **kw):
+    return gen.generate([_ids(gen, prompt)], max_new_tokens=max_tokens, chat=False, **kw)
+
+
+async def _collect(req, started: asyncio.Event | None = None):
+    """(text, Done) of a request; `started` is set at its first event."""
+    text = ""
+    async for event in req.events():
+        if started is not None:
+            started.set()
+        if isinstance(event, Delta):
+            text += event.text
+        else:
+            return text, event
+
+
+def _check_alone(gen, prompt, max_tokens, text, done, **kw):
+    ref = _alone(gen, prompt, max_tokens, **kw)
+    assert text == ref.texts[0], prompt
+    assert done.completion_tokens == len(ref.token_ids[0]), prompt
+    assert done.prompt_tokens == ref.prompt_tokens[0]
+
+
+def test_warm_up_is_reported(served):
+    gen, engine = served
+    info = engine.info()
+    assert info["engine"] == "slots" and info["slots"] == SLOTS and info["warm_prompt_buckets"] == [16]
+    assert info["warmup_s"] > 0
+    assert info["method"] == ("chain" if gen.speculative else "plain")
+
+
+def test_staggered_greedy_requests_match_each_alone(served):
+    """Each request joins while the one before it is mid-generation."""
+    gen, engine = served
+    prompts = PROMPTS[:4]
+
+    async def scenario():
+        tasks = []
+        for p in prompts:
+            started = asyncio.Event()
+            tasks.append(asyncio.create_task(_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=16),
+                                                                    stream=True), started)))
+            await started.wait()
+        return await asyncio.gather(*tasks)
+
+    outs = asyncio.run(scenario())
+    for p, (text, done) in zip(prompts, outs):
+        _check_alone(gen, p, 16, text, done)
+        assert done.finish_reason in ("length", "stop")
+        assert done.ttft_s is not None and done.ttft_s <= done.wall_s
+    assert all(done.extra["batch_size"] >= 2 for _, done in outs[1:])  # they did share steps
+    if gen.speculative:
+        for _, done in outs:
+            s = done.spec
+            assert s.drafts >= 1 and 0 <= s.accepted <= s.draft_tokens == s.drafts * gen.spec.depth
+            assert s.per_position[0] <= s.drafts and sorted(s.per_position, reverse=True) == s.per_position
+
+
+def test_cancel_mid_way_leaves_the_others_and_frees_the_slot(chain):
+    gen, engine = chain
+    long, other, later = PROMPTS[3], PROMPTS[0], PROMPTS[1]
+
+    async def scenario():
+        started = asyncio.Event()
+        victim = engine.submit(_ids(gen, long), Sampling(max_tokens=200), stream=True)
+        victim_task = asyncio.create_task(_collect(victim, started))
+        await started.wait()
+        rest = asyncio.create_task(_collect(engine.submit(_ids(gen, other), Sampling(max_tokens=16), stream=True)))
+        await asyncio.sleep(0.2)
+        victim.cancel()
+        cancelled = await victim_task
+        after = await _collect(engine.submit(_ids(gen, later), Sampling(max_tokens=16), stream=True))
+        return cancelled, await rest, after
+
+    (_, aborted), (text, done), (text2, done2) = asyncio.run(scenario())
+    assert aborted.finish_reason == "abort" and aborted.completion_tokens < 200
+    _check_alone(gen, other, 16, text, done)
+    assert done2.extra["slot"] == aborted.extra["slot"]  # the freed slot, reused
+    _check_alone(gen, later, 16, text2, done2)
+
+
+def test_stop_string_ends_the_row_at_its_step(chain):
+    gen, engine = chain
+    prompt = PROMPTS[1]  # " 5, 6, 7, ..."
+    stop = [" 7"]
+
+    async def scenario():
+        return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_tokens=200, stop=tuple(stop)),
+                                            stream=True))
+
+    text, done = asyncio.run(scenario())
+    ref = _alone(gen, prompt, 24, stop=stop)
+    assert ref.finish_reasons[0] == "stop"  # the prompt does reach the stop string
+    assert done.finish_reason == "stop" and text == ref.texts[0] and " 7" not in text
+    assert done.completion_tokens == len(ref.token_ids[0])
+    # The row stopped on the device at that step: one step or so per token shown, not 200 tokens' worth.
+    assert done.spec.drafts <= done.completion_tokens + 1
+
+
+def test_new_sampling_settings_compile_nothing(served):
+    gen, engine = served
+    compiles = []
+
+    def listen(event, _secs, **_):
+        if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration"):
+            compiles.append(event)
+
+    jitted = (loop.prefill_jit, loop.step_jit, loop.insert_jit)
+    sizes = [f._cache_size() for f in jitted]
+    settings = [Sampling(max_tokens=12, temperature=0.73, top_p=0.91, top_k=17, seed=5),
+                Sampling(max_tokens=12, temperature=1.3, seed=11, seed_stream=2), Sampling(max_tokens=12)]
+
+    async def scenario():
+        return await asyncio.gather(*(_collect(engine.submit(_ids(gen, PROMPTS[i]), s, stream=True))
+                                      for i, s in enumerate(settings)))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        outs = asyncio.run(scenario())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == [] and [f._cache_size() for f in jitted] == sizes
+    for i, ((text, done), s) in enumerate(zip(outs, settings)):
+        assert done.finish_reason in ("length", "stop")
+        # A row samples from its own key: what it would sample alone.
+        _check_alone(gen, PROMPTS[i], 12, text, done, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                     seed=[(s.seed, s.seed_stream)])
+
+
+def test_more_requests_than_slots_queue_and_complete(plain):
+    gen, engine = plain
+
+    async def scenario():
+        reqs = [engine.submit(_ids(gen, p), Sampling(max_tokens=8), stream=False) for p in PROMPTS]
+        waiting = engine.load()[1]
+        return waiting, await asyncio.gather(*(_collect(r) for r in reqs))
+
+    waiting, outs = asyncio.run(scenario())
+    assert waiting >= 1 and engine.load() == (0, 0)
+    for p, (text, done) in zip(PROMPTS, outs):
+        _check_alone(gen, p, 8, text, done)
+        assert done.extra["batch_size"] <= SLOTS
+    assert max(done.extra["queue_s"] for _, done in outs) > 0
