@@ -12,6 +12,7 @@ gains always scale the activations, never the weight.
 
 from eagle_jax.kernels.cpu import PackedWeight, pack_weight, pack_weights
 from eagle_jax.kernels.fused_norm_matmul import (
+    LayerWeight,
     auto_impl,
     fused_norm_matmul,
     matmul,
@@ -20,5 +21,5 @@ from eagle_jax.kernels.fused_norm_matmul import (
     rms_norm_matmul_reference,
 )
 
-__all__ = ["PackedWeight", "auto_impl", "fused_norm_matmul", "matmul", "norm_swiglu", "pack_weight", "pack_weights",
-           "resolve_impl", "rms_norm_matmul_reference"]
+__all__ = ["LayerWeight", "PackedWeight", "auto_impl", "fused_norm_matmul", "matmul", "norm_swiglu", "pack_weight",
+           "pack_weights", "resolve_impl", "rms_norm_matmul_reference"]

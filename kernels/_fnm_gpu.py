@@ -1,6 +1,8 @@
 """GPU (Triton, through `pl.pallas_call` + `pltriton.CompilerParams`) lowering.
 
-Grid (N/bn, M/bm), one program per output tile; the K reduction is a
+Grid (N/bn, M/bm), one program per output tile (W is [K, N], or [L, K, N]
+with the layer index an int32 operand the program reads, so a scanned layer's
+weight is read in place); the K reduction is a
 `fori_loop` inside the program (a GPU grid has no sequential axis to carry an
 accumulator across programs). The refs are the whole arrays (no BlockSpecs):
 each program loads power-of-two tiles x [bm, bk] and W' [bk, bn] with masked
@@ -56,8 +58,10 @@ def block_sizes(m: int, n: int, ks: int, x_itemsize: int):
     return bm, bn, bk, 4, 3
 
 
-def _kernel(*refs, m, n, ks, segments, bm, bn, bk, eps, precision, has_bias, has_init):
+def _kernel(layer_ref, *refs, m, n, ks, segments, bm, bn, bk, eps, precision, has_bias, has_init, stacked):
     x_ref, g_ref, w_ref, b_ref, (o_ref,) = split_refs(refs, has_bias, has_init)
+    # One indexer per load (Triton lowering takes no chained .at): the layer, when stacked, leads it.
+    lead = (pltriton.load(layer_ref.at[pl.ds(0, 1)])[0],) if stacked else ()
 
     j = pl.program_id(0)
     i = pl.program_id(1)
@@ -76,7 +80,7 @@ def _kernel(*refs, m, n, ks, segments, bm, bn, bk, eps, precision, has_bias, has
             xt = pltriton.load(x_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)],
                                mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             gt = pltriton.load(g_ref.at[pl.ds(k0, bk)], mask=k_ok, other=0.0)
-            wt = pltriton.load(w_ref.at[pl.ds(k0, bk), pl.ds(col0, bn)],
+            wt = pltriton.load(w_ref.at[(*lead, pl.ds(k0, bk), pl.ds(col0, bn))],
                                mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             if wt.dtype != xt.dtype:
                 wt = wt.astype(xt.dtype)
@@ -99,15 +103,18 @@ def _kernel(*refs, m, n, ks, segments, bm, bn, bk, eps, precision, has_bias, has
                    mask=row_ok[:, None] & col_ok[None, :])
 
 
-def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, blocks=None):
-    """x2 [M, K], g [K] or [S, K/S], w [K, N], bias [N] or None -> [M, N] in x2.dtype."""
+def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, blocks=None, layer=None):
+    """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] with layer an int32
+    scalar), bias [N] or None -> [M, N] in x2.dtype."""
     m, k = x2.shape
-    s, n = segments, w.shape[1]
+    s, n = segments, w.shape[-1]
     ks = k // s
     bm, bn, bk, num_warps, num_stages = blocks or block_sizes(
         m, n, ks, jnp.dtype(x2.dtype).itemsize)
     precision = jax.lax.Precision.HIGHEST if x2.dtype == jnp.float32 else None
-    args = [x2, g.reshape(k), w]
+    stacked = layer is not None
+    args = [jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1),
+            x2, g.reshape(k), w]
     if bias is not None:
         args.append(bias)
     aliases = {}
@@ -116,11 +123,11 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, blocks=N
         args.append(jnp.full((m, n), poison, x2.dtype))
     kernel = functools.partial(
         _kernel, m=m, n=n, ks=ks, segments=s, bm=bm, bn=bn, bk=bk,
-        eps=eps, precision=precision, has_bias=bias is not None, has_init=poison is not None)
+        eps=eps, precision=precision, has_bias=bias is not None, has_init=poison is not None, stacked=stacked)
     x_item = jnp.dtype(x2.dtype).itemsize
     cost = pl.CostEstimate(
         flops=2 * m * k * n, transcendentals=m * s,
-        bytes_accessed=x2.size * x_item + w.size * jnp.dtype(w.dtype).itemsize
+        bytes_accessed=x2.size * x_item + k * n * jnp.dtype(w.dtype).itemsize
         + m * n * x_item)
     return pl.pallas_call(
         kernel,

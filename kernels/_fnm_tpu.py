@@ -60,7 +60,8 @@ def block_sizes(m: int, k: int, n: int, segments: int, x_itemsize: int, w_itemsi
     return bm, ks, bn
 
 
-def _kernel(*refs, tiles_per_seg, n_k, inv_ks, eps, precision, has_bias, has_init, multi_seg):
+def _kernel(layer_ref, *refs, tiles_per_seg, n_k, inv_ks, eps, precision, has_bias, has_init, multi_seg):
+    del layer_ref  # read by the weight's index map only
     x_ref, g_ref, w_ref, b_ref, rest = split_refs(refs, has_bias, has_init)
     o_ref, acc_ref = rest[0], rest[1]
     seg_ref = rest[2] if multi_seg else acc_ref
@@ -111,10 +112,11 @@ def _segment_major(x2, s, ks, m_pad):
     return jnp.pad(x3, ((0, 0), (0, m_pad - m), (0, 0))) if m_pad != m else x3
 
 
-def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None):
-    """x2 [M, K], g [K] or [S, K/S], w [K, N], bias [N] or None -> [M, N] in x2.dtype."""
+def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=None):
+    """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] with layer an int32
+    scalar), bias [N] or None -> [M, N] in x2.dtype."""
     m, k = x2.shape
-    s, n = segments, w.shape[1]
+    s, n = segments, w.shape[-1]
     ks = k // s
     x_item, w_item = jnp.dtype(x2.dtype).itemsize, jnp.dtype(w.dtype).itemsize
     bm, bk, bn = block_sizes(m, k, n, s, x_item, w_item)
@@ -127,16 +129,19 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None):
 
     seg_of = lambda kk: (jax.lax.div(kk, tiles_per_seg), jax.lax.rem(kk, tiles_per_seg))  # no sign ops
     args = [_segment_major(x2, s, ks, m_pad), g.astype(jnp.float32).reshape(s, 1, ks), w]
-    in_specs = [pl.BlockSpec((None, bm, bk), lambda i, j, kk: (seg_of(kk)[0], i, seg_of(kk)[1])),
-                pl.BlockSpec((None, 1, bk), lambda i, j, kk: (seg_of(kk)[0], 0, seg_of(kk)[1])),
-                pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))]
-    out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
+    # Index maps take the grid indices and the scalar-prefetch ref (the layer).
+    w_spec = (pl.BlockSpec((bk, bn), lambda i, j, kk, lr: (kk, j)) if layer is None
+              else pl.BlockSpec((None, bk, bn), lambda i, j, kk, lr: (lr[0], kk, j)))
+    in_specs = [pl.BlockSpec((None, bm, bk), lambda i, j, kk, lr: (seg_of(kk)[0], i, seg_of(kk)[1])),
+                pl.BlockSpec((None, 1, bk), lambda i, j, kk, lr: (seg_of(kk)[0], 0, seg_of(kk)[1])),
+                w_spec]
+    out_spec = pl.BlockSpec((bm, bn), lambda i, j, kk, lr: (i, j))
     if bias is not None:
         args.append(bias.reshape(1, n))
-        in_specs.append(pl.BlockSpec((1, bn), lambda i, j, kk: (0, j)))
+        in_specs.append(pl.BlockSpec((1, bn), lambda i, j, kk, lr: (0, j)))
     aliases = {}
     if poison is not None:
-        aliases = {len(args): 0}
+        aliases = {1 + len(args): 0}  # operand 0 is the layer
         args.append(jnp.full((m_pad, n), poison, x2.dtype))
         in_specs.append(out_spec)
 
@@ -151,14 +156,14 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None):
         multi_seg=multi_seg)
     cost = pl.CostEstimate(
         flops=2 * m_pad * k * n, transcendentals=m_pad * n * s,
-        bytes_accessed=m_pad * k * x_item + w.size * w_item + m_pad * n * x_item)
+        bytes_accessed=m_pad * k * x_item + k * n * w_item + m_pad * n * x_item)
+    grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=in_specs,
+                                             out_specs=out_spec, scratch_shapes=scratch)
+    layer = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m_pad, n), x2.dtype),
-        grid=grid,
-        in_specs=in_specs,
-        out_specs=out_spec,
-        scratch_shapes=scratch,
+        grid_spec=grid_spec,
         input_output_aliases=aliases,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -166,5 +171,5 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None):
         cost_estimate=cost,
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fused_norm_matmul_tpu",
-    )(*args)
+    )(layer, *args)
     return out[:m] if m_pad != m else out

@@ -1,8 +1,9 @@
 """fused_norm_matmul: y = concat_s(rms_norm(x_s) * g_s) @ w (+ bias).
 
 Shapes: x [..., K]; norm_weights [K] (one norm, or the per-segment norms laid
-end to end) or [S, K//S] (one norm per segment of the feature axis); w [K, N];
-bias [N] or None. Accumulation in float32; the result has x's dtype.
+end to end) or [S, K//S] (one norm per segment of the feature axis); w [K, N]
+(or `LayerWeight`: layer l of a stacked [L, K, N] weight, which the Pallas
+kernels read in place); bias [N] or None. Accumulation in float32; the result has x's dtype.
 
 Implementations (``impl``):
 
@@ -72,6 +73,24 @@ _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.
 _POISON_OUTPUT: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerWeight:
+    """Layer `layer` (an int32 scalar, traced under `lax.scan`) of a stacked
+    weight `stack` [L, K, N]. The Pallas kernels take the stack whole and read
+    that layer's blocks by index, so a scanned decoder hands them no copy of a
+    layer; the XLA paths index it (`get`)."""
+
+    stack: jax.Array
+    layer: jax.Array
+
+    def get(self) -> jax.Array:
+        """The [K, N] weight of the layer."""
+        return self.stack[self.layer]
+
+
+jax.tree_util.register_dataclass(LayerWeight, data_fields=["stack", "layer"], meta_fields=[])
+
+
 def _segment_rms_norm(x, norm_weights, *, eps, segments):
     """Normalise each segment in f32, cast back to x.dtype, scale by gamma (HF RMSNorm)."""
     k = x.shape[-1]
@@ -97,9 +116,11 @@ def matmul(x, w, bias=None, *, out_dtype=None, residual=None):
     (default x.dtype), rounded once; with `residual` [..., N] (in out_dtype),
     ``residual + that`` (a decoder layer's ``h + o_proj(attn)``).
 
-    w is a [K, N] array (XLA dot, w cast to x.dtype) or a `PackedWeight`
-    (the native CPU kernel, the residual add inside it)."""
+    w is a [K, N] array or a `LayerWeight` (XLA dot, w cast to x.dtype) or a
+    `PackedWeight` (the native CPU kernel, the residual add inside it)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if isinstance(w, LayerWeight):
+        w = w.get()
     if isinstance(w, PackedWeight) and bias is None and (residual is None or residual.dtype == out_dtype):
         return cpu.matmul(x, w, out_dtype=out_dtype, residual=residual)
     if isinstance(w, PackedWeight):
@@ -214,7 +235,8 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     """RMSNorm (per segment) followed by a projection. See module docstring.
 
     ``out_dtype`` (default x.dtype) is the result's dtype; float32 keeps the
-    accumulator unrounded (logits). ``w`` is a [K, N] array or a `PackedWeight`.
+    accumulator unrounded (logits). ``w`` is a [K, N] array, a `LayerWeight`
+    (one layer of a stacked weight) or a `PackedWeight`.
     ``target`` ("gpu" or "tpu") picks which Pallas kernel body an
     ``interpret`` run uses; for ``pallas`` it must match the backend.
     """
@@ -231,6 +253,12 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
             raise ValueError(f"PackedWeight has K={w.k}, but x has K={k}")
         n = w.n
         wdtype = w.dtype
+    elif isinstance(w, LayerWeight):
+        if w.stack.ndim != 3 or w.stack.shape[1] != k or jnp.shape(w.layer) != ():
+            raise ValueError(f"a LayerWeight must be a stacked [L, K={k}, N] weight and a scalar layer, "
+                             f"got shapes {w.stack.shape} and {jnp.shape(w.layer)}")
+        n = w.stack.shape[2]
+        wdtype = w.stack.dtype
     else:
         w = jnp.asarray(w)
         if w.ndim != 2 or w.shape[0] != k:
@@ -261,6 +289,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     if impl in ("xla", "native"):
         return rms_norm_matmul_reference(x, norm_weights, w, eps=eps, segments=segments, bias=bias,
                                          out_dtype=out_dtype)
+    stack, layer = (w.stack, w.layer.astype(jnp.int32)) if isinstance(w, LayerWeight) else (w, None)
 
     target = _resolve_target(impl, target)
     lead = x.shape[:-1]
@@ -268,7 +297,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     if x2.shape[0] == 0:
         return jnp.zeros((*lead, n), out_dtype or x.dtype)
     cfg = _Config(eps=eps, segments=segments, target=target, interpret=impl == "interpret")
-    y = _pallas_apply(cfg, x2, norm_weights, w, bias)
+    y = _pallas_apply(cfg, x2, norm_weights, stack, bias, layer)
     return y.reshape(*lead, n).astype(out_dtype or x.dtype)
 
 
@@ -277,33 +306,35 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
 # ---------------------------------------------------------------------------
 
 
-def _math_reference(cfg: _Config, x2, g, w, bias):
+def _math_reference(cfg: _Config, x2, g, w, bias, layer):
     """What the kernel computes, in plain jnp (the backward pass)."""
+    w = w if layer is None else w[layer]
     return rms_norm_matmul_reference(x2, g, w, eps=cfg.eps, segments=cfg.segments, bias=bias)
 
 
-def _pallas_forward(cfg: _Config, x2, g, w, bias):
-    """x2 [M, K], g [K] or [S, K/S], w [K, N] as given (never copied), bias [N] or None -> [M, N]."""
+def _pallas_forward(cfg: _Config, x2, g, w, bias, layer):
+    """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] and the int32 scalar
+    layer) as given (never copied), bias [N] or None -> [M, N]."""
     from eagle_jax.kernels import _fnm_gpu, _fnm_tpu
 
     body = _fnm_tpu if cfg.target == "tpu" else _fnm_gpu
     return body.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
-                    poison=_POISON_OUTPUT)
+                    poison=_POISON_OUTPUT, layer=layer)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _pallas_apply(cfg, x2, g, w, bias):
-    return _pallas_forward(cfg, x2, g, w, bias)
+def _pallas_apply(cfg, x2, g, w, bias, layer):
+    return _pallas_forward(cfg, x2, g, w, bias, layer)
 
 
-def _pallas_apply_fwd(cfg, x2, g, w, bias):
-    return _pallas_forward(cfg, x2, g, w, bias), (x2, g, w, bias)
+def _pallas_apply_fwd(cfg, x2, g, w, bias, layer):
+    return _pallas_forward(cfg, x2, g, w, bias, layer), (x2, g, w, bias, layer)
 
 
 def _pallas_apply_bwd(cfg, res, dy):
-    x2, g, w, bias = res
-    _, vjp = jax.vjp(functools.partial(_math_reference, cfg), x2, g, w, bias)
-    return vjp(dy)
+    x2, g, w, bias, layer = res
+    _, vjp = jax.vjp(lambda *a: _math_reference(cfg, *a, layer), x2, g, w, bias)
+    return (*vjp(dy), None)
 
 
 _pallas_apply.defvjp(_pallas_apply_fwd, _pallas_apply_bwd)

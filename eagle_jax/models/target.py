@@ -16,7 +16,7 @@ import numpy as np
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
-from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
+from eagle_jax.kernels import LayerWeight, cpu, fused_norm_matmul, matmul, resolve_impl
 from eagle_jax.models.layers import embed_tokens, native_attention, rotated_heads, swiglu_mlp
 from eagle_jax.nn import attention, rope_tables
 
@@ -105,6 +105,14 @@ def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
     return h, k, v, cache
 
 
+def _layer_params(stacked: dict, i):
+    """Layer i (traced) of stacked per-layer params: each [L, K, N] projection as
+    a `LayerWeight` (the Pallas kernels read it in place; XLA indexes it), the
+    rest (norm gains, biases, packed weights) indexed."""
+    return {name: LayerWeight(x, i) if name in MATMUL_WEIGHTS and isinstance(x, jax.Array)
+            else jax.tree.map(lambda a: a[i], x) for name, x in stacked.items()}
+
+
 def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=None, *,
             aux_layers: tuple[int, ...] = (), impl: str = "auto"):
     """Run the decoder over T new tokens per row.
@@ -145,16 +153,14 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
         aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
         aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
 
-        def layer_body(carry, xs):
+        def layer_body(carry, i):
             h, aux, cache = carry
-            p, i = xs
             aux = jnp.where((aux_ids == i)[:, None, None, None], h[None], aux)
-            h, k, v, cache = run_layer(p, h, cache, i)
+            h, k, v, cache = run_layer(_layer_params(params["layers"], i), h, cache, i)
             return (h, aux, cache), (k, v)
 
         layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-        (h, aux, cache), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0, cache),
-                                                       (params["layers"], layer_ids))
+        (h, aux, cache), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0, cache), layer_ids)
         aux = list(aux)
     if not native:
         cache = cache.write(k_new, v_new, impl=impl)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eagle_jax.kernels import fused_norm_matmul, rms_norm_matmul_reference
+from eagle_jax.kernels import LayerWeight, fused_norm_matmul, rms_norm_matmul_reference
 
 fnm = importlib.import_module("eagle_jax.kernels.fused_norm_matmul")
 fnm_tpu = importlib.import_module("eagle_jax.kernels._fnm_tpu")
@@ -193,6 +193,24 @@ def test_gradients_match_reference(case):
         assert not np.isnan(a).any(), name
         rel = np.linalg.norm(a - c) / np.linalg.norm(c)
         assert rel < TOL[dt], (name, rel)
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+@pytest.mark.parametrize("m,k,n,s,dt", [(1, 576, 200, 1, "bfloat16"), (5, 1728, 1000, 3, "float32")])
+def test_layer_of_a_stacked_weight(target, m, k, n, s, dt):
+    """A `LayerWeight` (layer l of [L, K, N], l traced as under lax.scan): each
+    kernel body reads that layer in place and gives what the layer's own [K, N]
+    weight gives; the gradient reaches only that layer of the stack."""
+    x, g, _, b = _inputs(("stacked", target, m), (), m, k, n, s, dt, True)
+    stack = jnp.asarray(_rng("stack", k, n).standard_normal((3, k, n)) / np.sqrt(k), dt)
+    run = jax.jit(lambda x, g, st, b, l: fused_norm_matmul(
+        x, g, LayerWeight(st, l), eps=EPS, segments=s, bias=b, impl="interpret", target=target))
+    for layer in (0, 2):
+        y = run(x, g, stack, b, jnp.int32(layer))
+        _check(y, _ref64(x, g, stack[layer], s, b), dt)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(_run(x, g, stack[layer], b, s, "interpret", target)))
+    grad = jax.jit(jax.grad(lambda st: jnp.sum(run(x, g, st, b, jnp.int32(1)).astype(jnp.float32))))(stack)
+    assert np.any(np.asarray(grad[1], np.float32) != 0) and not np.any(np.asarray(grad[0::2], np.float32))
 
 
 # --------------------------------------------------------------------------
