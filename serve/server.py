@@ -41,7 +41,8 @@ spends 2.7 ms (p50; p99 9.5 ms) in this layer on one loaded core, against
 seconds on the engine.
 
 The engine behind the HTTP layer is anything with serve/engine.py's interface
-(submit / events / cancel / load / check / info); today it is `BatcherEngine`.
+(submit / events / cancel / load / check / info): `BatcherEngine` (the default)
+or, with `--engine slots`, serve/slots.py's `SlotEngine` (continuous batching).
 serve/app.py holds the HTTP layer; this module (the command line, limits and
 `make_server`) imports no web framework until a server is made.
 """
@@ -104,8 +105,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Limits()
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--engine", choices=("batcher", "slots"), default="batcher",
+                   help="batcher: static batches of requests that arrive together; slots: continuous batching, "
+                        "--max-batch row slots that requests join and leave between steps (serve/slots.py)")
     p.add_argument("--max-batch", type=int, default=8,
                    help="most prompts batched together across concurrent requests (1 = no batching)")
+    p.add_argument("--max-len", type=int, default=1024,
+                   help="slots engine: cache slots per row, prompt and answer (and a step's scratch) together")
+    p.add_argument("--warm-prompt-tokens", type=int, default=128,
+                   help="slots engine: compile the prefill for prompts up to this long at start-up")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the oldest waiting request waits for others to batch with")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
@@ -141,11 +149,12 @@ def main(args) -> int:
                     max_tokens=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                     max_prompt_tokens=args.max_prompt_tokens)
     name = args.served_model_name or args.target
-    server = make(gen, model_name=name, draft_name=args.draft, max_batch=args.max_batch,
-                         batch_window_s=args.batch_window_ms / 1000, limits=limits, api_key=args.api_key, sock=sock)
+    server = make(gen, model_name=name, draft_name=args.draft, engine=args.engine, max_batch=args.max_batch,
+                  batch_window_s=args.batch_window_ms / 1000, max_len=args.max_len,
+                  warm_prompt_tokens=args.warm_prompt_tokens, limits=limits, api_key=args.api_key, sock=sock)
     host, port = server.server_address
     print(f"eagle-jax serve: http://{host}:{port} (model {name!r}, draft "
-          f"{args.draft if gen.speculative else 'none'}{', API key required' if args.api_key else ''})", flush=True)
+          f"{server.engine.info()['draft']}{', API key required' if args.api_key else ''})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""serve/slots.py's SlotEngine on SmolLM2-135M (fp32), plain and with its bundled drafter (chain).
+"""serve/slots.py's SlotEngine on SmolLM2-135M (fp32), plain and with its bundled drafter (chain, tree).
 
 Requests join and leave a fixed set of slots between steps; every greedy
 answer must equal what `Generator.generate` gives for the prompt alone,
@@ -7,14 +7,21 @@ whatever ran beside it, and nothing may compile after the warm-up.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import threading
+import urllib.request
 
 import jax
+import openai
 import pytest
 
+from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.engine import Delta, Sampling
+from eagle_jax.serve.server import add_arguments, make_server
 from eagle_jax.serve.slots import SlotEngine
 from eagle_jax.spec import loop
 
@@ -46,8 +53,23 @@ def chain(smollm2_target):
     engine.close()
 
 
+@pytest.fixture(scope="module")
+def tree(smollm2_target):
+    t = smollm2_target
+    drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
+    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=SpecConfig(method="tree"))
+    engine = _engine(gen)
+    yield gen, engine
+    engine.close()
+
+
 @pytest.fixture(params=["plain", "chain"])
 def served(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(params=["plain", "chain", "tree"])
+def any_method(request):
     return request.getfixturevalue(request.param)
 
 
@@ -83,12 +105,12 @@ def test_warm_up_is_reported(served):
     info = engine.info()
     assert info["engine"] == "slots" and info["slots"] == SLOTS and info["warm_prompt_buckets"] == [16]
     assert info["warmup_s"] > 0
-    assert info["method"] == ("chain" if gen.speculative else "plain")
+    assert info["method"] == (gen.spec.method if gen.speculative else "plain")
 
 
-def test_staggered_greedy_requests_match_each_alone(served):
+def test_staggered_greedy_requests_match_each_alone(any_method):
     """Each request joins while the one before it is mid-generation."""
-    gen, engine = served
+    gen, engine = any_method
     prompts = PROMPTS[:4]
 
     async def scenario():
@@ -198,3 +220,44 @@ def test_more_requests_than_slots_queue_and_complete(plain):
         _check_alone(gen, p, 8, text, done)
         assert done.extra["batch_size"] <= SLOTS
     assert max(done.extra["queue_s"] for _, done in outs) > 0
+
+
+def test_served_through_the_openai_client(chain):
+    """`eagle-jax serve --engine slots`: make_server builds a SlotEngine; answers equal the Generator's alone."""
+    gen, _ = chain
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--engine", "slots"]).engine == "slots" and parser.parse_args([]).engine == "batcher"
+    server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default", engine="slots",
+                         max_batch=SLOTS, max_len=256, warm_prompt_tokens=48)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        health = json.loads(urllib.request.urlopen(url + "/health").read())
+        assert health["engine"] == "slots" and health["draft"] == "default" and health["warmup_s"] > 0
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        questions = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French."]
+        answers = [None] * len(questions)
+
+        def ask(i):
+            messages = [{"role": "user", "content": questions[i]}]
+            if i == 0:  # streamed, with usage
+                chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12,
+                                                             stream=True, stream_options={"include_usage": True}))
+                answers[i] = ("".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+                              chunks[-1].usage.completion_tokens)
+            else:
+                out = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=12)
+                answers[i] = out.choices[0].message.content, out.usage.completion_tokens
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for q, (text, tokens) in zip(questions, answers):
+            ref = gen.generate([gen.tokenizer.apply_chat(q)], max_new_tokens=12, chat=False)
+            assert text == ref.texts[0] and tokens == len(ref.token_ids[0]), q
+    finally:
+        server.shutdown()
+        server.server_close()
