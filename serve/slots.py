@@ -178,10 +178,10 @@ class SlotEngine:
         tokens = np.zeros((1, p), np.int32)
         tokens[0, :len(ids)] = ids
         max_new = min(s.max_tokens, self.context_limit - len(ids))
-        keys = _keys_jit(jnp.asarray([s.seed], jnp.int32), jnp.asarray([s.seed_stream], jnp.int32))
+        keys = _keys_jit(_put([s.seed], np.int32), _put([s.seed_stream], np.int32))
         caches = loop.create_caches(self.lc, 1, self.max_len, self._dtype)
-        return loop.prefill_jit(self.gen.target_params, self._dparams, self._vocab, jnp.asarray(tokens),
-                                jnp.asarray([len(ids)], jnp.int32), jnp.asarray([max_new], jnp.int32), keys,
+        return loop.prefill_jit(self.gen.target_params, self._dparams, self._vocab, _put(tokens, np.int32),
+                                _put([len(ids)], np.int32), _put([max_new], np.int32), keys,
                                 _params(s), *caches, lc=self.lc, out_width=self.width)
 
     def _step(self) -> None:
@@ -191,7 +191,7 @@ class SlotEngine:
         if slots:
             mask = np.zeros((self.slots,), bool)
             mask[slots] = True
-            self._state = loop.finish_rows_jit(self._state, jnp.asarray(mask))
+            self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
     def _warm_up(self, prompt_tokens: int) -> list[int]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
@@ -203,7 +203,7 @@ class SlotEngine:
         for p in buckets:
             self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
         self._step()
-        jax.block_until_ready(_read(self._state, jnp.zeros((self.slots,), jnp.int32), width=self.lc.tokens_per_step))
+        self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
         return buckets
@@ -255,7 +255,7 @@ class SlotEngine:
         start = np.zeros((self.slots,), np.int32)
         for slot, row in self._rows.items():
             start[slot] = len(row.toks)
-        n, done, new, stats = jax.tree.map(np.asarray, _read(self._state, jnp.asarray(start),
+        n, done, new, stats = jax.tree.map(np.asarray, _read(self._state, _put(start, np.int32),
                                                              width=self.lc.tokens_per_step))
         now = time.monotonic()
         ended = {}  # slot -> its Done
@@ -311,5 +311,10 @@ class SlotEngine:
 def _params(s: Sampling) -> SamplingParams:
     """One row's sampling arrays (always arrays, greedy included: one program for every setting)."""
     c = SamplingConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
-    return SamplingParams(temperature=jnp.asarray([c.temperature], jnp.float32),
-                          top_k=jnp.asarray([c.top_k], jnp.int32), top_p=jnp.asarray([c.top_p], jnp.float32))
+    return SamplingParams(temperature=_put([c.temperature], np.float32), top_k=_put([c.top_k], np.int32),
+                          top_p=_put([c.top_p], np.float32))
+
+
+def _put(x, dtype) -> jax.Array:
+    """Host values onto the device (a transfer: unlike jnp.asarray, it compiles nothing per new shape)."""
+    return jax.device_put(np.asarray(x, dtype))
