@@ -86,13 +86,15 @@ class SlotEngine:
         gen = self.gen = generator
         if gen.tokenizer is None:
             raise ValueError("the slot engine streams text: the target needs a tokenizer")
-        if slots < 1 or max_len < 16:
-            raise ValueError(f"need slots >= 1 and max_len >= 16, got {slots} and {max_len}")
+        if slots < 1:
+            raise ValueError(f"need slots >= 1, got {slots}")
         speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
         lc = gen._loop_config(speculative)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
         scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if speculative else 2
         self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - scratch))
+        if self.lc.context_limit < 16:
+            raise ValueError(f"max_len {max_len} leaves {self.lc.context_limit} tokens a row: need at least 16")
         self.slots, self.max_len = slots, max_len
         self.width = 16 * -(-(self.lc.context_limit + self.lc.tokens_per_step) // 16)  # output columns per row
         self.draft = draft_name if speculative else "none"
@@ -136,7 +138,7 @@ class SlotEngine:
         if self.closed:
             raise EngineError("the server is shutting down")
         self.check(prompt_ids)
-        _params(sampling)  # a bad setting fails here, not on the loop thread
+        _config(sampling)  # a bad setting fails here, not on the loop thread
         if sampling.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
         req = Request(list(prompt_ids), sampling)
@@ -308,11 +310,17 @@ class SlotEngine:
             self._running = 0
         return reqs
 
+
 def _params(s: Sampling) -> SamplingParams:
     """One row's sampling arrays (always arrays, greedy included: one program for every setting)."""
-    c = SamplingConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    c = _config(s)
     return SamplingParams(temperature=_put([c.temperature], np.float32), top_k=_put([c.top_k], np.int32),
                           top_p=_put([c.top_p], np.float32))
+
+
+def _config(s: Sampling) -> SamplingConfig:
+    """The request's settings, validated (a ValueError names the bad one)."""
+    return SamplingConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
 
 def _put(x, dtype) -> jax.Array:

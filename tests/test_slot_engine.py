@@ -20,7 +20,7 @@ import pytest
 from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
-from eagle_jax.serve.engine import Delta, Sampling
+from eagle_jax.serve.engine import Delta, EngineError, Sampling
 from eagle_jax.serve.server import add_arguments, make_server
 from eagle_jax.serve.slots import SlotEngine
 from eagle_jax.spec import loop
@@ -263,3 +263,21 @@ def test_served_through_the_openai_client(chain):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(plain, monkeypatch):
+    gen, engine = plain
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    async def ask(prompt):
+        return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_tokens=8), stream=True))
+
+    monkeypatch.setattr(loop, "step_jit", broken)
+    with pytest.raises(EngineError, match="device lost"):
+        asyncio.run(ask(PROMPTS[0]))
+    monkeypatch.undo()
+    assert engine.load() == (0, 0)
+    text, done = asyncio.run(ask(PROMPTS[2]))
+    _check_alone(gen, PROMPTS[2], 8, text, done)
