@@ -192,8 +192,7 @@ class Generator:
         for r, x in enumerate(ids):
             tokens[r, :len(x)] = x
         final = min(self.context_limit, max(n + m for n, m in zip(lens, max_new)))
-        scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if lc.speculative else 2
-        cache_len = max(min_cache, 64 * math.ceil((max(p, final) + scratch) / 64))
+        cache_len = max(min_cache, 64 * math.ceil((max(p, final) + lc.cache_scratch) / 64))
         out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
         caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
         args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),

@@ -91,8 +91,7 @@ class SlotEngine:
         speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
         lc = gen._loop_config(speculative)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
-        scratch = lc.spec.total_tokens + (lc.spec.depth - 1) * lc.spec.top_k + 2 if speculative else 2
-        self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - scratch))
+        self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - lc.cache_scratch))
         if self.lc.context_limit < 16:
             raise ValueError(f"max_len {max_len} leaves {self.lc.context_limit} tokens a row: need at least 16")
         self.slots, self.max_len = slots, max_len

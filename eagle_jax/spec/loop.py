@@ -54,6 +54,14 @@ class LoopConfig:
         """Most tokens one step can emit."""
         return self.spec.depth + 1 if self.speculative else 1
 
+    @property
+    def cache_scratch(self) -> int:
+        """Cache slots past a row's committed length that one step may write
+        (the verified tokens, plus the tree drafter's scratch nodes)."""
+        if not self.speculative:
+            return 2
+        return self.spec.total_tokens + (self.spec.depth - 1) * self.spec.top_k + 2
+
     def aux_layers(self) -> tuple[int, ...]:
         return self.drafter.aux_layer_ids if self.speculative else ()
 
