@@ -6,7 +6,7 @@
     eagle-jax bench --quick --random-drafter eagle3.1   # machinery check, untrained drafter
     eagle-jax bench --suite drift [--quick]
     eagle-jax bench --suite plain-vs-transformers
-    eagle-jax bench --suite serve                   # HTTP server under concurrent load, batched vs not
+    eagle-jax bench --suite serve                   # HTTP server: per-user tok/s at concurrency 1/4/16, EAGLE vs plain
     eagle-jax bench --suite step-cost [--quick]     # forward cost against M, step breakdown (CPU issue)
     eagle-jax bench --suite learning-curve --draft train/state/eagle3.1 [--label NAME]
                                                     # a learning-curve point (benchmarks/learning_curve.py)
@@ -108,8 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # drift suite
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
     # serve suite
-    p.add_argument("--serve-clients", type=int, default=8, help="serve: concurrent clients (= batched max_batch)")
-    p.add_argument("--batch-window-ms", type=float, default=20.0, help="serve: the server's batch window")
+    p.add_argument("--serve-concurrency", default="1,4,16",
+                   help="serve: concurrent users, comma-separated (the slot engine has as many slots as the most)")
 
 
 def _settings(args) -> dict:

@@ -1,22 +1,21 @@
-"""Serving under concurrent load: cross-request batching against one request at a time.
+"""Serving under concurrent load, measured as the EAGLE 3.1 release measures it: per-user
+output throughput at concurrency 1, 4 and 16, speculative against plain decoding.
 
-    eagle-jax bench --suite serve [--serve-clients 8] [--max-new-tokens 64] [--rounds 2]
+    eagle-jax bench --suite serve [--serve-concurrency 1,4,16] [--max-new-tokens 64] [--rounds 2]
 
-For plain decoding and for the bundled EAGLE 3.1 drafter (the `serve`
-default), the real HTTP server (serve/server.py) runs on this process's
-Generator twice: with `--max-batch 1` (requests queue one behind another)
-and with `--max-batch N` (N = the number of clients). N clients each POST one
-greedy chat request (HumanEval prompts) at the same moment; a round times
-until the last reply. Rounds alternate the two servers (odd rounds reversed)
-after an untimed warm-up that compiles both. Reported: total tokens/s, mean
-and worst request latency, the batch sizes the replies report, the ratio
-batched / unbatched within the same round, and whether the batched replies
-are the same text as the unbatched ones.
-
-This is static batching's best case: greedy requests with the same
-max_tokens that arrive together. A round whose requests split into more than
-one batch may include a compile of the new shape; the batch sizes each round
-saw are recorded so such rounds can be told apart.
+Two real HTTP servers (serve/server.py) run in this process on the slot
+engine (`--engine slots`, continuous batching) with as many slots as the
+highest concurrency: one decodes plainly, one speculates with the drafter
+(`--draft`, default the bundled EAGLE 3.1) at every batch size
+(`disable_by_batch_size=None`, so the CPU's batch policy does not turn it
+off). At concurrency c, c clients each POST one greedy chat request
+(HumanEval prompts) at the same moment; a user's output throughput is its
+completion tokens over its request's wall time, as the client sees it. Rounds
+alternate the two servers (odd rounds reversed) after an untimed burst at
+every concurrency. Reported per concurrency: the median per-user throughput
+of each server, their ratio paired by round, mean latency, and how many
+replies of the speculative server are the same text as the plain one's
+(greedy: the same except at near-ties).
 """
 
 from __future__ import annotations
@@ -64,73 +63,87 @@ def _burst(url: str, bodies: list[dict]) -> dict:
         raise errors[0]
     tokens = sum(r["usage"]["completion_tokens"] for r in replies)
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
+            "user_tokens": [r["usage"]["completion_tokens"] for r in replies], "latencies": latency,
             "latency_mean_s": statistics.mean(latency), "latency_max_s": max(latency),
             "batch_sizes": sorted({r["eagle"]["batch_size"] for r in replies}),
             "texts": [r["choices"][0]["message"]["content"] for r in replies]}
 
 
+def _per_user(burst: dict) -> float:
+    """Median over users of completion tokens / request wall time."""
+    return statistics.median(t / lat for t, lat in zip(burst["user_tokens"], burst["latencies"]))
+
+
 def run(args, log) -> dict:
     from eagle_jax.benchmarks import datasets as ds
     from eagle_jax.benchmarks import harness as H
+    from eagle_jax.config import SpecConfig
     from eagle_jax.convert.bundled import load_drafter_by_name
     from eagle_jax.convert.registry import load_target
     from eagle_jax.generate import Generator
     from eagle_jax.runtime import default_dtype, enable_compilation_cache
     from eagle_jax.serve.server import make_server
 
-    clients = args.serve_clients
+    levels = sorted({int(c) for c in args.serve_concurrency.split(",")})
+    if not levels or levels[0] < 1:
+        raise SystemExit(f"--serve-concurrency must list positive integers, got {args.serve_concurrency!r}")
     max_new = args.max_new_tokens or 64
     rounds = args.rounds or 2
-    result = H.result_header("serve")
-    result["mode"] = "load"
-    result["settings"] = {"clients": clients, "max_new_tokens": max_new, "rounds": rounds,
-                          "batch_window_ms": args.batch_window_ms, "dataset": "humaneval", "temperature": 0.0}
-    enable_compilation_cache()
-    dtype = args.dtype or default_dtype()
-    target = load_target(args.target, dtype=dtype)
-    prompts = ds.build_suite(target.tokenizer, humaneval=clients)["humaneval"]
-    bodies = [{"messages": [{"role": "user", "content": p.text}], "max_tokens": max_new} for p in prompts]
     if len(args.draft) > 1:
         raise SystemExit("--suite serve measures one drafter: pass at most one --draft")
     draft = args.draft[0] if args.draft else "default"
-    engines = {"plain": None, f"EAGLE ({draft})": load_drafter_by_name(draft, target.cfg, args.target, dtype=dtype)}
-    result["engines"] = {}
-    for name, drafter in engines.items():
-        gen = Generator(target.cfg, target.params, target.tokenizer, drafter=drafter)
-        servers = {mb: make_server(gen, "127.0.0.1", 0, max_batch=mb, batch_window_s=args.batch_window_ms / 1000)
-                   for mb in (1, clients)}
-        for s in servers.values():
-            threading.Thread(target=s.serve_forever, daemon=True).start()
-        urls = {mb: f"http://127.0.0.1:{s.server_address[1]}" for mb, s in servers.items()}
-        try:
+    result = H.result_header("serve")
+    result["mode"] = "concurrency"
+    enable_compilation_cache()
+    dtype = args.dtype or default_dtype()
+    target = load_target(args.target, dtype=dtype)
+    prompts = ds.build_suite(target.tokenizer, humaneval=levels[-1])["humaneval"]
+    bodies = [{"messages": [{"role": "user", "content": p.text}], "max_tokens": max_new} for p in prompts]
+    longest = max(len(target.tokenizer.apply_chat(b["messages"])) for b in bodies)
+    max_len = 64 * -(-(longest + max_new + 64) // 64)
+    result["settings"] = {"concurrency": levels, "max_new_tokens": max_new, "rounds": rounds, "slots": levels[-1],
+                          "max_len": max_len, "dataset": "humaneval", "temperature": 0.0, "draft": draft,
+                          "engine": "slots"}
+    drafter = load_drafter_by_name(draft, target.cfg, args.target, dtype=dtype)
+    gens = {"plain": Generator(target.cfg, target.params, target.tokenizer),
+            "eagle": Generator(target.cfg, target.params, target.tokenizer, drafter=drafter,
+                               spec=SpecConfig(disable_by_batch_size=None))}
+    servers, warm = {}, {}
+    try:
+        for name, gen in gens.items():
             t0 = time.perf_counter()
-            for mb in urls:  # warm-up: compiles batch 1 and the padded batch
-                _burst(urls[mb], bodies)
-            warm_s = time.perf_counter() - t0
-            log(f"serve {name}: warm-up {warm_s:.1f}s")
-            timed = {mb: [] for mb in urls}
-            for i in range(rounds):
-                order = list(urls) if i % 2 == 0 else list(urls)[::-1]
-                for mb in order:
-                    timed[mb].append(_burst(urls[mb], bodies))
-                    log(f"serve {name} max_batch {mb} round {i}: {timed[mb][-1]['tokens_per_s']:.1f} tok/s")
-        finally:
-            for s in servers.values():
-                s.shutdown()
-                s.server_close()
-        one, many = timed[1], timed[clients]
-        ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(one, many)]
-        same = sum(a["texts"] == b["texts"] for a, b in zip(one, many))
-        result["engines"][name] = {
-            "warmup_s": warm_s,
-            "unbatched": [{k: v for k, v in r.items() if k != "texts"} for r in one],
-            "batched": [{k: v for k, v in r.items() if k != "texts"} for r in many],
-            "tokens_per_s_unbatched": statistics.median(r["tokens_per_s"] for r in one),
-            "tokens_per_s_batched": statistics.median(r["tokens_per_s"] for r in many),
-            "latency_mean_s_unbatched": statistics.median(r["latency_mean_s"] for r in one),
-            "latency_mean_s_batched": statistics.median(r["latency_mean_s"] for r in many),
-            "speedup_paired_median": statistics.median(ratios),
-            "same_texts_rounds": same,
-            "split_rounds": sum(r["batch_sizes"] != [clients] for r in many),
+            servers[name] = make_server(gen, "127.0.0.1", 0, engine="slots", max_batch=levels[-1], max_len=max_len,
+                                        warm_prompt_tokens=longest, draft_name=draft if name == "eagle" else "none")
+            threading.Thread(target=servers[name].serve_forever, daemon=True).start()
+            warm[name] = time.perf_counter() - t0
+            log(f"serve {name}: slot engine warm-up {warm[name]:.1f}s")
+        urls = {n: f"http://127.0.0.1:{s.server_address[1]}" for n, s in servers.items()}
+        for c in levels:  # untimed: anything left to compile at a new concurrency
+            for url in urls.values():
+                _burst(url, bodies[:c])
+        timed = {(n, c): [] for n in urls for c in levels}
+        for i in range(rounds):
+            for c in levels:
+                for n in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+                    timed[n, c].append(_burst(urls[n], bodies[:c]))
+                    log(f"serve {n} concurrency {c} round {i}: {_per_user(timed[n, c][-1]):.1f} tok/s per user")
+    finally:
+        for s in servers.values():
+            s.shutdown()
+            s.server_close()
+    result["warmup_s"] = warm
+    result["levels"] = {}
+    for c in levels:
+        plain, eagle = timed["plain", c], timed["eagle", c]
+        result["levels"][str(c)] = {
+            "per_user_tokens_per_s": {"plain": statistics.median(map(_per_user, plain)),
+                                      "eagle": statistics.median(map(_per_user, eagle))},
+            "speedup_paired_median": statistics.median(_per_user(e) / _per_user(p) for p, e in zip(plain, eagle)),
+            "latency_mean_s": {"plain": statistics.median(r["latency_mean_s"] for r in plain),
+                               "eagle": statistics.median(r["latency_mean_s"] for r in eagle)},
+            "same_texts": sum(a == b for p, e in zip(plain, eagle) for a, b in zip(p["texts"], e["texts"])),
+            "replies": sum(len(r["texts"]) for r in eagle),
+            "batch_sizes": {"plain": sorted({b for r in plain for b in r["batch_sizes"]}),
+                            "eagle": sorted({b for r in eagle for b in r["batch_sizes"]})},
         }
     return result

@@ -90,6 +90,15 @@ def results(tmp_path):
                               "tokens_per_s_unbatched": 20.0, "tokens_per_s_batched": 61.0,
                               "latency_mean_s_unbatched": 9.5, "latency_mean_s_batched": 4.2,
                               "speedup_paired_median": 3.05, "same_texts_rounds": 1}}})
+    level = lambda p, e: {"per_user_tokens_per_s": {"plain": p, "eagle": e}, "speedup_paired_median": e / p,
+                          "latency_mean_s": {"plain": 3.0, "eagle": 2.5}, "same_texts": 4, "replies": 4,
+                          "batch_sizes": {"plain": [4], "eagle": [3, 4]}}
+    _write(rd / "serve-concurrency-1.json", {
+        **head, "suite": "serve", "mode": "concurrency", "date": "2026-01-02T00:00:00",
+        "command": "eagle-jax bench --suite serve",
+        "settings": {"concurrency": [1, 4], "max_new_tokens": 64, "rounds": 1, "slots": 4, "max_len": 512,
+                     "draft": "default", "engine": "slots"},
+        "warmup_s": {"plain": 20.0, "eagle": 26.0}, "levels": {"1": level(40.0, 52.0), "4": level(25.0, 21.5)}})
     (rd / "analysis.md").write_text("Hand-written findings.\n")
     (rd / "not-a-result.json").write_text("[1, 2]")
     return rd
@@ -107,6 +116,8 @@ def test_render_writes_tables_captions_and_figures(results, tmp_path):
     assert "| `chain-k2/random-eagle3.1` |" in text
     assert "speed-quick-0.json" in text  # the older file is listed, not rendered
     assert "| plain | 20.0 | 61.0 | 3.05 | 9.5 / 4.2 | 8 | 1 / 1 | 30 |" in text
+    assert "| 1 | 40.0 | 52.0 | 1.30 | 3.0 / 2.5 | 4 / 4 | 3, 4 |" in text  # the slot engine's concurrency table
+    assert "| 4 | 25.0 | 21.5 | 0.86 |" in text and "plain 20.0 s, eagle 26.0 s" in text
     # every table is preceded (within a few lines) by a caption naming command, machine, date
     lines = text.splitlines()
     for i, line in enumerate(lines):
