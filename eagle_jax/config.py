@@ -238,16 +238,17 @@ class SpecConfig:
     """
 
     # Defaults measured on the embedded default with the shipped EAGLE 3.1 drafter on
-    # the 2-core CPU (README "Speculative defaults", envelope-sweep runs): a chain of 3
-    # was the fastest. Of the trees, 4x2x8 beat 4x3x12 in all three sweeps (1.20x
-    # against 1.05x plain in the last): 4x3x12 accepts more per step (tau 2.02 against
-    # 1.85) but verifies 12 tokens, which two cores compute at about 1.7x the cost of
-    # reading the weights once, and drafts one level more.
+    # the 2-core CPU (README "Speculative defaults", envelope-sweep and drafter-ab runs):
+    # a chain of 3. Of the trees, 3x2x6 beat 4x2x8 in both runs that had both
+    # (speed-tree-envelopes-20261203-072437, speed-drafter-ab-20261203-195026: 1.34x /
+    # 1.26x against 1.17x / 1.13x plain on HumanEval / ShareGPT): it keeps most of the
+    # acceptance (tau 1.89 against 1.91) and verifies 6 tokens, not 8, which two cores
+    # compute at about 1 ms a row over the cost of reading the weights once.
     method: str = "chain"
     num_speculative_tokens: int = 3
-    tree_top_k: int = 4
+    tree_top_k: int = 3
     tree_depth: int = 2
-    tree_total_tokens: int = 8
+    tree_total_tokens: int = 6
     # Batches of more rows than this decode plainly (vLLM's disable_by_batch_size;
     # the output is the same either way). None: always speculate; "auto": the
     # backend's measured default (`runtime.default_disable_by_batch_size`).
