@@ -91,16 +91,17 @@ def weight_bytes(params) -> int:
     return _param_bytes({k: v for k, v in params.items() if k != "embed"})
 
 
-def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: int, inner: int = 8) -> dict[int, float]:
-    """Median ms of one target forward + logits over m new tokens per row, from
-    `inner` forwards in one jitted `fori_loop` (as the decoding loop runs them:
-    no per-call dispatch), each at the same committed context."""
+def forward_loop(gen, inner: int):
+    """A fresh jitted (params, cache, tok [B, M], pos [B, M]) -> (cache, acc [B]):
+    `inner` target forwards + logits in one `fori_loop` (as the decoding loop
+    runs them: no per-call dispatch), the cache donated, the last row's first
+    logit summed so nothing is dead."""
     import jax
     import jax.numpy as jnp
 
     from eagle_jax.models import target
 
-    cfg, params = gen.target_cfg, gen.target_params
+    cfg = gen.target_cfg
 
     def many(params, cache, tok, pos):
         def body(_, carry):
@@ -109,7 +110,19 @@ def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: i
             return cache, acc + target.logits(params, cfg, h, impl=gen.impl)[:, -1, 0]
         return jax.lax.fori_loop(0, inner, body, (cache, jnp.zeros((tok.shape[0],), jnp.float32)))
 
-    f = jax.jit(many, donate_argnums=1)
+    return jax.jit(many, donate_argnums=1)
+
+
+def forward_costs(gen, ms: tuple[int, ...], batch: int, context: int, repeats: int, inner: int = 8) -> dict[int, float]:
+    """Median ms of one target forward + logits over m new tokens per row, from
+    `inner` forwards in one jitted `fori_loop` (`forward_loop`), each at the
+    same committed context."""
+    import jax.numpy as jnp
+
+    from eagle_jax.models import target
+
+    cfg, params = gen.target_cfg, gen.target_params
+    f = forward_loop(gen, inner)
     dtype = params["embed"].dtype
     out = {}
     for m in ms:

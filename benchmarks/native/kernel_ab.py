@@ -69,6 +69,7 @@ def _version(tag: str):
 
 
 def main(old: Path, new: Path, dtype: str, ms: tuple[int, ...], context: int, rounds: int, inner: int) -> dict:
+    from eagle_jax.benchmarks.step_cost import forward_loop
     from eagle_jax.generate import Generator
     from eagle_jax.models import target
 
@@ -79,18 +80,10 @@ def main(old: Path, new: Path, dtype: str, ms: tuple[int, ...], context: int, ro
     jax.ffi.ffi_call = _routed_ffi_call
     gen = Generator.load("smollm2-135m-instruct", draft=None, dtype=dtype)
     cfg, params = gen.target_cfg, gen.target_params
-
-    def forwards(params, cache, tok, pos):
-        def body(_, carry):
-            cache, acc = carry
-            h, cache, _ = target.forward(params, cfg, tok, pos, cache, impl=gen.impl)
-            return cache, acc + target.logits(params, cfg, h, impl=gen.impl)[:, -1, 0]
-        return jax.lax.fori_loop(0, inner, body, (cache, jnp.zeros((tok.shape[0],), jnp.float32)))
-
     runs = {}
     for tag in "AB":
         for m in ms:
-            f = jax.jit(forwards, donate_argnums=1)
+            f = forward_loop(gen, inner)
             cache = target.create_cache(cfg, 1, context + m + 64, params["embed"].dtype)
             cache = cache.replace(lengths=jnp.full((1,), context, jnp.int32))
             tok = jnp.full((1, m), 42, jnp.int32)
