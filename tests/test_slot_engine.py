@@ -43,24 +43,23 @@ def plain(smollm2_target):
     engine.close()
 
 
-@pytest.fixture(scope="module")
-def chain(smollm2_target):
-    t = smollm2_target
+def _speculative(t, spec: SpecConfig):
+    """A Generator with the bundled drafter and its slot engine, then the engine closed."""
     drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
-    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter)
+    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=spec)
     engine = _engine(gen)
     yield gen, engine
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def chain(smollm2_target):
+    yield from _speculative(smollm2_target, SpecConfig())
 
 
 @pytest.fixture(scope="module")
 def tree(smollm2_target):
-    t = smollm2_target
-    drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
-    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=SpecConfig(method="tree"))
-    engine = _engine(gen)
-    yield gen, engine
-    engine.close()
+    yield from _speculative(smollm2_target, SpecConfig(method="tree"))
 
 
 @pytest.fixture(params=["plain", "chain"])
