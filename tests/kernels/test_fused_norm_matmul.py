@@ -295,6 +295,10 @@ def _ok():
 @pytest.mark.parametrize("mutate, match", [
     (lambda x, g, w, b, kw: (x, g, w[:-1], b, kw), r"w must be \[K=576, N\]"),
     (lambda x, g, w, b, kw: (x, g, w[:, 0], b, kw), r"w must be \[K=576, N\]"),
+    (lambda x, g, w, b, kw: (x, g, LayerWeight(w, jnp.int32(0)), b, kw),
+     r"a LayerWeight must be a stacked \[L, K=576, N\] weight and a scalar layer"),
+    (lambda x, g, w, b, kw: (x, g, LayerWeight(w[None], jnp.zeros((1,), jnp.int32)), b, kw),
+     r"a LayerWeight must be a stacked \[L, K=576, N\] weight and a scalar layer"),
     (lambda x, g, w, b, kw: (x, g[:-1], w, b, kw), r"norm_weights must be \[576\]"),
     (lambda x, g, w, b, kw: (x, g.reshape(2, 288), w, b, {**kw, "segments": 3}),
      r"norm_weights must be \[576\] or \[3, 192\]"),
