@@ -51,6 +51,23 @@ class KVCache:
         k, v = write(self.k, self.v, self.lengths, k_new, v_new)
         return self.replace(k=k, v=v)
 
+    def head_rows(self, n: int, *, impl: str = "auto") -> "KVCache":
+        """Rows [0, n) as a cache of n rows. With the native CPU kernels (`impl`)
+        a view: the whole buffers with `lengths[:n]` (those kernels read and
+        write only the rows `lengths` counts, in place); otherwise a copy of
+        those rows. `put_head_rows` puts it back."""
+        if resolve_impl(impl) == "native":
+            return self.replace(lengths=self.lengths[:n])
+        return KVCache(k=self.k[:, :n], v=self.v[:, :n], lengths=self.lengths[:n])
+
+    def put_head_rows(self, part: "KVCache") -> "KVCache":
+        """This cache with rows [0, n) taken from `part`, a `head_rows(n)` after its updates."""
+        lengths = self.lengths.at[:part.lengths.shape[0]].set(part.lengths)
+        if part.k.shape == self.k.shape:  # a native view: its buffers are the whole cache
+            return KVCache(k=part.k, v=part.v, lengths=lengths)
+        put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=1)
+        return KVCache(k=put(self.k, part.k), v=put(self.v, part.v), lengths=lengths)
+
     def commit(self, n: jax.Array) -> "KVCache":
         """Advance each row's length by n [B] (the first n written slots become context)."""
         return self.replace(lengths=jnp.minimum(self.lengths + n.astype(jnp.int32), self.max_len))

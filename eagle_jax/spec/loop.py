@@ -255,6 +255,22 @@ def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> Deco
     return _plain_step(tparams, state, lc)
 
 
+def step_rows(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, rows: int) -> DecodeState:
+    """`step` over rows [0, rows) of the state only; the other rows are left
+    as they are (a slot engine whose occupied slots are the first `rows`
+    pays for those alone). With the native CPU kernels the caches are not
+    copied: the step works on views of their first rows (`KVCache.head_rows`)."""
+    if rows == state.pending.shape[0]:
+        return step(tparams, dparams, vocab, state, lc=lc)
+    head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl)
+    part = jax.tree.map(lambda x: x[:rows], state.replace(tcache=None, dcache=None))
+    part = step(tparams, dparams, vocab, part.replace(tcache=head(state.tcache), dcache=head(state.dcache)), lc=lc)
+    put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=0)
+    rest = jax.tree.map(put, state.replace(tcache=None, dcache=None), part.replace(tcache=None, dcache=None))
+    return rest.replace(tcache=state.tcache.put_head_rows(part.tcache),
+                        dcache=None if state.dcache is None else state.dcache.put_head_rows(part.dcache))
+
+
 def run(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> DecodeState:
     """Steps until every row is done, inside one `lax.while_loop`."""
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
@@ -287,5 +303,6 @@ def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
 prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
 step_jit = jax.jit(step, static_argnames=("lc",), donate_argnames=("state",))
+step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows"), donate_argnames=("state",))
 insert_jit = jax.jit(insert, donate_argnames=("state",))
 finish_rows_jit = jax.jit(finish_rows, donate_argnames=("state",))

@@ -341,8 +341,9 @@ def attention(qkv, cos, sin, k_cache, v_cache, layer, lengths, new_mask, *, num_
     """Attend T new tokens and store their K/V, for one layer of the cache.
 
     qkv [B,T,(Hq+2Hkv)*D]: the fused projection, q then k then v heads; cos/sin
-    [B,T,D] (`rope_tables`); k_cache/v_cache [L,B,Hkv,S,D] (the whole cache,
-    float32 or bfloat16); layer: int or int32 scalar; lengths [B] committed
+    [B,T,D] (`rope_tables`); k_cache/v_cache [L,Bc,Hkv,S,D] (the whole cache,
+    float32 or bfloat16; its first B of Bc >= B rows are the call's, the
+    others are neither read nor written); layer: int or int32 scalar; lengths [B] committed
     slots; new_mask [B,T,T] bool; qk_norm: None or Qwen3's (q_norm, k_norm)
     weights, each [D], applied per head before RoPE; slot_mask: None or [B,T,S]
     bool, the cache slots each query may see. head_dim 64 or 128.
@@ -386,8 +387,8 @@ def attention(qkv, cos, sin, k_cache, v_cache, layer, lengths, new_mask, *, num_
 
 def cache_write(k_cache, v_cache, lengths, k_new, v_new):
     """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t of the
-    [L, B, Hkv, S, D] caches (past the end: dropped). Returns (k, v), updated
-    in place when the caches are donated."""
+    [L, Bc, Hkv, S, D] caches (rows b < B <= Bc; past the end: dropped).
+    Returns (k, v), updated in place when the caches are donated."""
     require()
     shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
     return jax.ffi.ffi_call("eagle_cache_write", (shape, shape), input_output_aliases={0: 0, 1: 1})(
@@ -395,8 +396,9 @@ def cache_write(k_cache, v_cache, lengths, k_new, v_new):
 
 
 def cache_compact(k_cache, v_cache, lengths, src, n):
-    """For each row b and j < n[b], copy slot lengths[b] + src[b, j] to
-    lengths[b] + j (all sources read first). Returns (k, v)."""
+    """For each row b < B (src [B, A], lengths and n [B]; the caches may hold
+    more rows) and j < n[b], copy slot lengths[b] + src[b, j] to lengths[b] + j
+    (all sources read first). Returns (k, v)."""
     require()
     shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
     return jax.ffi.ffi_call("eagle_cache_compact", (shape, shape), input_output_aliases={0: 0, 1: 1})(
