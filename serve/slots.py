@@ -10,7 +10,10 @@ serves every mix of requests. One host thread runs the loop:
 1. admit: each waiting request is prefilled alone (batch 1, its prompt padded
    to generate.py's bucket) and written into a free slot (`loop.insert_jit`;
    the slot is a traced index: one program for every slot);
-2. step: one `loop.step_jit` over all slots, plain or speculative;
+2. step: one `loop.step_rows_jit` over the slots up to the highest occupied
+   one, rounded up to a row bucket (1, 2, 4, ... and `slots`, each compiled
+   at start-up), plain or speculative: a request admitted to the lowest free
+   slot, so a lone request pays for one row, not for every slot;
 3. observe: read each row's new tokens (`_read`, fresh arrays of at most
    `tokens_per_step` tokens a row), push their text through serve/engine.py's
    stop-string logic, and end rows on EOS, limits, a stop string or a
@@ -95,6 +98,7 @@ class SlotEngine:
         if self.lc.context_limit < 16:
             raise ValueError(f"max_len {max_len} leaves {self.lc.context_limit} tokens a row: need at least 16")
         self.slots, self.max_len = slots, max_len
+        self.row_buckets = sorted({min(1 << i, slots) for i in range(slots.bit_length() + 1)})
         self.width = 16 * -(-(self.lc.context_limit + self.lc.tokens_per_step) // 16)  # output columns per row
         self.draft = draft_name if speculative else "none"
         self.tokenizer, self.context_limit = gen.tokenizer, self.lc.context_limit
@@ -118,7 +122,7 @@ class SlotEngine:
 
     def info(self) -> dict:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
-                "engine": "slots", "slots": self.slots, "max_len": self.max_len,
+                "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets}
 
     def check(self, prompt_ids: list[int]) -> None:
@@ -185,8 +189,13 @@ class SlotEngine:
                                 _put([len(ids)], np.int32), _put([max_new], np.int32), keys,
                                 _params(s), *caches, lc=self.lc, out_width=self.width)
 
-    def _step(self) -> None:
-        self._state = loop.step_jit(self.gen.target_params, self._dparams, self._vocab, self._state, lc=self.lc)
+    def _step(self, rows: int | None = None) -> None:
+        """One step over the first `rows` slots (default: the bucket that holds every occupied slot)."""
+        if rows is None:
+            top = max(self._rows) + 1
+            rows = next(b for b in self.row_buckets if b >= top)
+        self._state = loop.step_rows_jit(self.gen.target_params, self._dparams, self._vocab, self._state,
+                                         lc=self.lc, rows=rows)
 
     def _finish(self, slots: list[int]) -> None:
         if slots:
@@ -196,14 +205,16 @@ class SlotEngine:
 
     def _warm_up(self, prompt_tokens: int) -> list[int]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
-        the step, the read and the finish. Returns the buckets; leaves every slot free."""
+        the step of each row bucket, the read and the finish. Returns the prompt buckets; leaves every
+        slot free."""
         chunk = self.gen.prefill_chunk
         limit = min(prompt_tokens, self.context_limit - 1)
         buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
         for p in buckets:
             self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
-        self._step()
+        for rows in self.row_buckets:
+            self._step(rows)
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
@@ -225,7 +236,7 @@ class SlotEngine:
         self._abort_all()
 
     def _iterate(self) -> None:
-        """Admit what fits, then one step over all slots; every row observed after each."""
+        """Admit what fits, then one step over the occupied slots' bucket; every row observed after each."""
         if self._admit():
             self._observe()
         if self._rows:

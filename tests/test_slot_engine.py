@@ -103,6 +103,7 @@ def test_warm_up_is_reported(served):
     gen, engine = served
     info = engine.info()
     assert info["engine"] == "slots" and info["slots"] == SLOTS and info["warm_prompt_buckets"] == [16]
+    assert info["row_buckets"] == [1, 2, 3]
     assert info["warmup_s"] > 0
     assert info["method"] == (gen.spec.method if gen.speculative else "plain")
 
@@ -134,6 +135,24 @@ def test_staggered_greedy_requests_match_each_alone(any_method):
             assert s.per_position[0] <= s.drafts and sorted(s.per_position, reverse=True) == s.per_position
 
 
+def test_a_lone_request_steps_one_row(plain, monkeypatch):
+    """A request alone runs in slot 0 and each step covers that row only, not every slot."""
+    gen, engine = plain
+    rows, step = [], loop.step_rows_jit
+
+    def spy(*args, rows_=rows, **kwargs):
+        rows_.append(kwargs["rows"])
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "step_rows_jit", spy)
+    async def alone():
+        return await _collect(engine.submit(_ids(gen, PROMPTS[2]), Sampling(max_tokens=8), stream=True))
+
+    text, done = asyncio.run(alone())
+    _check_alone(gen, PROMPTS[2], 8, text, done)
+    assert done.extra["slot"] == 0 and rows and set(rows) == {1}
+
+
 def test_cancel_mid_way_leaves_the_others_and_frees_the_slot(chain):
     gen, engine = chain
     long, other, later = PROMPTS[3], PROMPTS[0], PROMPTS[1]
@@ -143,8 +162,10 @@ def test_cancel_mid_way_leaves_the_others_and_frees_the_slot(chain):
         victim = engine.submit(_ids(gen, long), Sampling(max_tokens=200), stream=True)
         victim_task = asyncio.create_task(_collect(victim, started))
         await started.wait()
-        rest = asyncio.create_task(_collect(engine.submit(_ids(gen, other), Sampling(max_tokens=16), stream=True)))
-        await asyncio.sleep(0.2)
+        other_started = asyncio.Event()
+        rest = asyncio.create_task(_collect(engine.submit(_ids(gen, other), Sampling(max_tokens=16), stream=True),
+                                            other_started))
+        await other_started.wait()  # both rows hold slots now
         victim.cancel()
         cancelled = await victim_task
         after = await _collect(engine.submit(_ids(gen, later), Sampling(max_tokens=16), stream=True))
@@ -183,7 +204,7 @@ def test_new_sampling_settings_compile_nothing(served):
         if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration"):
             compiles.append(event)
 
-    jitted = (loop.prefill_jit, loop.step_jit, loop.insert_jit)
+    jitted = (loop.prefill_jit, loop.step_rows_jit, loop.insert_jit)
     sizes = [f._cache_size() for f in jitted]
     settings = [Sampling(max_tokens=12, temperature=0.73, top_p=0.91, top_k=17, seed=5),
                 Sampling(max_tokens=12, temperature=1.3, seed=11, seed_stream=2), Sampling(max_tokens=12)]
@@ -273,7 +294,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(plain, monkeypa
     async def ask(prompt):
         return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_tokens=8), stream=True))
 
-    monkeypatch.setattr(loop, "step_jit", broken)
+    monkeypatch.setattr(loop, "step_rows_jit", broken)
     with pytest.raises(EngineError, match="device lost"):
         asyncio.run(ask(PROMPTS[0]))
     monkeypatch.undo()
