@@ -420,65 +420,103 @@ void finish(const Outputs<Y>& o, const float* acc, const float* up, int64_t m0, 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 // AVX2 has 16 registers of 8 floats, and the tiles above, written for
 // 512-bit vectors, keep their accumulators on the stack there (measured on a
-// Zen 2 EPYC: M=1 at 17 GB/s, M=12 at 1 GB/s). Here a single row keeps its 8
-// accumulators in registers, and more rows go in groups of up to 3 over one
-// half of the tile (12 accumulators) at a time, the weights read from L1/L2
-// after the first group. Every output is one chain of FMAs over k in order,
-// whatever the grouping, so M rows give bit for bit the rows of M one-row
-// calls. No prefetch of the next tile (tuned on AVX-512 only).
+// Zen 2 EPYC: M=1 at 17 GB/s, M=12 at 1 GB/s). Here one row takes the whole
+// 64-column tile (8 accumulators); more rows go in groups of up to 4 over a
+// quarter of the tile (2 vectors, one cache line of each k row: 8
+// accumulators, the quarter's weights loaded and widened once for the group),
+// k in chunks of 64 rows (16 KB, in L1 for the later passes; the first pass
+// prefetches the chunk's other three quarters). Every output is one chain of
+// FMAs over k in order, whatever the grouping, so M rows give bit for bit
+// the rows of M one-row calls. No prefetch of the next tile (tuned on
+// AVX-512 only).
 inline __m256 bf16_even(__m256i u) { return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)); }
 inline __m256 bf16_odd(__m256i u) { return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(-65536))); }
 inline __m256 bf16_splat(uint32_t h) { return _mm256_castsi256_ps(_mm256_set1_epi32(int(h << 16))); }
 
-// out[r, 8 c0 .. 8 (c0 + C)) = x[r] @ W[:, those columns], R rows. f32: x [R, K],
-// W rows of 64 floats; bf16: x [R, K/2] pairs, W rows of 64 pairs, odd k first.
-template <int R, int C>
-void block_avx2(const float* x, const float* w, float* out, int64_t K, int c0) {
+constexpr int64_t kChunkAvx2 = 64;  // k rows (f32) or pairs (bf16) per chunk: 16 KB of a tile
+
+// out[r, 8 c0 .. 8 (c0 + C)) (+)= x[r, k0:k1] @ W[k0:k1, those columns], R rows,
+// continuing the sums in out unless k0 == 0. f32: x [R, K], W rows of 64
+// floats; bf16: x [R, K/2] pairs, W rows of 64 pairs, odd k first.
+template <int R, int C, bool kFetch>
+void block_avx2(const float* x, const float* w, float* out, int64_t K, int c0, int64_t k0, int64_t k1) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const float* row = w + k * kCols + 8 * c0;
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = k0 ? _mm256_loadu_ps(out + r * kCols + 8 * (c0 + c)) : _mm256_setzero_ps();
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* row = w + k * kCols;
+    if constexpr (kFetch)
+      for (int l = 1; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + 64 * l, _MM_HINT_T0);
+    __m256 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(row + 8 * (c0 + c));
     for (int r = 0; r < R; ++r) {
       const __m256 b = _mm256_broadcast_ss(x + r * K + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8 * c), acc[r][c]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, wv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * kCols + 8 * (c0 + c), acc[r][c]);
 }
 
-template <int R, int C>
-void block_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2, int c0) {
+template <int R, int C, bool kFetch>
+void block_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < K2; ++i) {
-    const uint16_t* row = w + (i * kCols + 8 * c0) * 2;
-    for (int r = 0; r < R; ++r) {
-      const uint32_t xp = x[r * K2 + i];
-      const __m256 xo = bf16_splat(xp >> 16), xe = bf16_splat(xp & 0xffffu);
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = k0 ? _mm256_loadu_ps(out + r * kCols + 8 * (c0 + c)) : _mm256_setzero_ps();
+  for (int64_t i = k0; i < k1; ++i) {
+    const uint16_t* row = w + i * kCols * 2;
+    if constexpr (kFetch)
+      for (int l = 1; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + 64 * l, _MM_HINT_T0);
+    if constexpr (R == 1) {  // widen each vector as it is used
+      const __m256 xo = bf16_splat(x[i] >> 16), xe = bf16_splat(x[i] & 0xffffu);
       for (int c = 0; c < C; ++c) {
-        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * c));
-        acc[r][c] = _mm256_fmadd_ps(xe, bf16_even(u), _mm256_fmadd_ps(xo, bf16_odd(u), acc[r][c]));
+        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * (c0 + c)));
+        acc[0][c] = _mm256_fmadd_ps(xe, bf16_even(u), _mm256_fmadd_ps(xo, bf16_odd(u), acc[0][c]));
+      }
+    } else {
+      __m256 odd[C], even[C];
+      for (int c = 0; c < C; ++c) {
+        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * (c0 + c)));
+        odd[c] = bf16_odd(u);
+        even[c] = bf16_even(u);
+      }
+      for (int r = 0; r < R; ++r) {
+        const uint32_t xp = x[r * K2 + i];
+        const __m256 xo = bf16_splat(xp >> 16), xe = bf16_splat(xp & 0xffffu);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xe, even[c], _mm256_fmadd_ps(xo, odd[c], acc[r][c]));
       }
     }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * kCols + 8 * (c0 + c), acc[r][c]);
+}
+
+template <int R, typename X, typename W>
+void quarters_avx2(const X* x, const W* w, float* out, int64_t kx, int64_t k0, int64_t k1, bool fetch) {
+  for (int c0 = 0; c0 < 8; c0 += 2) {
+    if (fetch && c0 == 0) block_avx2<R, 2, true>(x, w, out, kx, c0, k0, k1);
+    else block_avx2<R, 2, false>(x, w, out, kx, c0, k0, k1);
+  }
 }
 
 template <typename X, typename W>
 void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx, Prefetch) {
-  if (rows == 1) return block_avx2<1, 8>(x, w, out, kx, 0);
-  for (int64_t r0 = 0; r0 < rows; r0 += 3) {
-    const X* xr = x + r0 * kx;
-    float* o = out + r0 * kCols;
-    for (int c0 = 0; c0 < 8; c0 += 4) switch (std::min<int64_t>(3, rows - r0)) {
-        case 1: block_avx2<1, 4>(xr, w, o, kx, c0); break;
-        case 2: block_avx2<2, 4>(xr, w, o, kx, c0); break;
-        default: block_avx2<3, 4>(xr, w, o, kx, c0); break;
+  if (rows == 1) return block_avx2<1, 8, false>(x, w, out, kx, 0, 0, kx);
+  for (int64_t k0 = 0; k0 < kx; k0 += kChunkAvx2) {
+    const int64_t k1 = std::min(kx, k0 + kChunkAvx2);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const X* xr = x + r0 * kx;
+      float* o = out + r0 * kCols;
+      const bool fetch = r0 == 0;
+      switch (std::min<int64_t>(4, rows - r0)) {
+        case 1: quarters_avx2<1>(xr, w, o, kx, k0, k1, fetch); break;
+        case 2: quarters_avx2<2>(xr, w, o, kx, k0, k1, fetch); break;
+        case 3: quarters_avx2<3>(xr, w, o, kx, k0, k1, fetch); break;
+        default: quarters_avx2<4>(xr, w, o, kx, k0, k1, fetch); break;
       }
+    }
   }
 }
 #else
