@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 
 # Speculative generation on the embedded default (SmolLM2-135M-Instruct + bundled drafter).
 demo: setup
-	$(VENV)/bin/eagle-jax generate --prompt "Write a Python function that checks whether a number is prime." --max-new-tokens 128
+	$(VENV)/bin/eagle-jax generate --prompt "Write a Python function that checks whether a number is prime." --max-new-tokens 128 --disable-by-batch-size none
 
 # The test suite CI runs (heavy cases are marked `slow` and excluded).
 test: setup

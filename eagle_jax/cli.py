@@ -74,7 +74,8 @@ def _batch_limit(s: str) -> int | str | None:
 def add_disable_by_batch_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-by-batch-size", type=_batch_limit, default="auto", metavar="N|none|auto",
                    help="batches of more than N rows decode without speculation (same output); "
-                        "none: always speculate; auto (default): 1 on CPU, none on GPU/TPU")
+                        "none: always speculate; auto (default): none on GPU/TPU, on CPU 1 with AVX-512, "
+                        "else never")
 
 
 def spec_from_args(args) -> SpecConfig:
@@ -140,8 +141,10 @@ def _generate(args) -> int:
     r = runs[0]
     spec_on = gen.speculates(len(prompts))
     if gen.speculative and not spec_on:
-        print(f"eagle-jax: a batch of {len(prompts)} prompts is over --disable-by-batch-size "
-              f"({gen.disable_by_batch_size}): decoding without speculation, the same output "
+        why = (f"a batch of {len(prompts)} prompts is over --disable-by-batch-size ({gen.disable_by_batch_size})"
+               if gen.disable_by_batch_size else "on this CPU (no AVX-512) a verify step costs about twice a "
+               "decode step, so --disable-by-batch-size auto turns speculation off")
+        print(f"eagle-jax: {why}: decoding without speculation, the same output "
               f"(--disable-by-batch-size none speculates anyway)", file=sys.stderr)
     out = {
         "text": r.texts[0] if len(r.texts) == 1 else r.texts,

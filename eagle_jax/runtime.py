@@ -20,12 +20,22 @@ def default_dtype() -> str:
 
 
 def default_disable_by_batch_size() -> int | None:
-    """Above which batch size speculation is switched off by default: 1 on CPU,
-    where at batch 2 and 4 every measured setting with the shipped drafters was
-    slower than plain decoding (verifying B x (k+1) rows turns two cores
-    compute-bound; docs/benchmarks.md "Speculation by batch size"); never on
-    GPU and TPU, reasoned, not measured (no accelerator has been lent)."""
-    return 1 if jax.default_backend() == "cpu" else None
+    """Above which batch size speculation is switched off by default (0: at
+    every batch size). Never on GPU and TPU (reasoned, not measured: no
+    accelerator has been lent). On CPU, 1 where the native kernels run on
+    AVX-512: there a verify step over k+1 tokens costs 1.3-1.5 plain steps and
+    the shipped drafter ran at 1.2-1.3x plain at batch 1, while at batch 2 and
+    4 every measured setting was slower than plain decoding (docs/benchmarks.md
+    "Speculation by batch size"). 0 on other CPUs: on an AVX2-only Zen 2 EPYC
+    a chain k=3 step cost 2.1x a plain step (about 5 ms of compute per extra
+    row on two cores) and ran at 0.82x plain, the tree at 0.68x
+    (`step_cost-quick-20261205-004528`); the XLA path's verify costs 1.4-1.9x
+    a plain step, too much for the drafters' tau."""
+    if jax.default_backend() != "cpu":
+        return None
+    from eagle_jax.kernels import cpu, resolve_impl
+
+    return 1 if resolve_impl("auto") == "native" and cpu.wide_vectors() else 0
 
 
 def enable_compilation_cache(path: str | None = None) -> str:

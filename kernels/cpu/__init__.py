@@ -89,6 +89,12 @@ def _cpu_id() -> str:
     return platform.machine() + flags
 
 
+def wide_vectors() -> bool:
+    """Whether this CPU has AVX-512 (the vector width the verify-width matmul tiles were
+    tuned for; AVX2-only CPUs get narrower tiles and about a fifth of the compute per row)."""
+    return "avx512f" in _cpu_id().split()
+
+
 def library_path() -> Path:
     """Where the compiled library for this source, compiler and CPU lives."""
     cxx = _compiler() or "none"

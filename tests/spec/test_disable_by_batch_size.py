@@ -40,13 +40,29 @@ def test_none_always_speculates(tiny):
     assert gen.speculates(64) and not Generator(tcfg, tparams).speculates(1)
 
 
-def test_auto_is_the_backend_default(tiny, monkeypatch):
+@pytest.mark.parametrize("native, wide, limit", [(True, True, 1), (True, False, 0), (False, True, 0)])
+def test_auto_is_the_backend_default(tiny, monkeypatch, native, wide, limit):
+    """On CPU: batch 1 speculates with the native kernels on AVX-512 only; elsewhere nothing does."""
+    from eagle_jax import kernels
+    from eagle_jax.kernels import cpu
+
     monkeypatch.undo()  # the suite-wide fixture makes "auto" mean "always"; check the real default
     assert eagle_jax.generate.default_disable_by_batch_size is runtime.default_disable_by_batch_size
-    assert runtime.default_disable_by_batch_size() == 1  # the suite runs on CPU
+    monkeypatch.setattr(kernels, "resolve_impl", lambda impl: "native" if native else "xla")
+    monkeypatch.setattr(cpu, "wide_vectors", lambda: wide)
+    assert runtime.default_disable_by_batch_size() == limit  # the suite runs on CPU
     tcfg, tparams, d = tiny
     gen = Generator(tcfg, tparams, drafter=d)
-    assert gen.speculates(1) and not gen.speculates(2)
+    assert gen.speculates(1) == (limit == 1) and not gen.speculates(2)
+
+
+def test_wide_vectors_reads_the_cpu_flags(monkeypatch):
+    from eagle_jax.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_cpu_id", lambda: "x86_64flags\t\t: fpu avx2 avx512f avx512bw")
+    assert cpu.wide_vectors()
+    monkeypatch.setattr(cpu, "_cpu_id", lambda: "x86_64flags\t\t: fpu avx2 fma avx512_bf16_like")
+    assert not cpu.wide_vectors()
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0, "never"])
