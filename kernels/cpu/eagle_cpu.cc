@@ -435,15 +435,27 @@ inline __m256 bf16_splat(uint32_t h) { return _mm256_castsi256_ps(_mm256_set1_ep
 
 constexpr int64_t kChunkAvx2 = 64;  // k rows (f32) or pairs (bf16) per chunk: 16 KB of a tile
 
+// The R x C accumulators of a block at columns 8 c0..: zeros, or the sums so far in out when k0 > 0.
+template <int R, int C>
+inline void start_acc(__m256 (&acc)[R][C], const float* out, int c0, int64_t k0) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = k0 ? _mm256_loadu_ps(out + r * kCols + 8 * (c0 + c)) : _mm256_setzero_ps();
+}
+
+template <int R, int C>
+inline void store_acc(const __m256 (&acc)[R][C], float* out, int c0) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * kCols + 8 * (c0 + c), acc[r][c]);
+}
+
 // out[r, 8 c0 .. 8 (c0 + C)) (+)= x[r, k0:k1] @ W[k0:k1, those columns], R rows,
 // continuing the sums in out unless k0 == 0. f32: x [R, K], W rows of 64
 // floats; bf16: x [R, K/2] pairs, W rows of 64 pairs, odd k first.
 template <int R, int C, bool kFetch>
 void block_avx2(const float* x, const float* w, float* out, int64_t K, int c0, int64_t k0, int64_t k1) {
   __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c)
-      acc[r][c] = k0 ? _mm256_loadu_ps(out + r * kCols + 8 * (c0 + c)) : _mm256_setzero_ps();
+  start_acc(acc, out, c0, k0);
   for (int64_t k = k0; k < k1; ++k) {
     const float* row = w + k * kCols;
     if constexpr (kFetch)
@@ -455,16 +467,13 @@ void block_avx2(const float* x, const float* w, float* out, int64_t K, int c0, i
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, wv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * kCols + 8 * (c0 + c), acc[r][c]);
+  store_acc(acc, out, c0);
 }
 
 template <int R, int C, bool kFetch>
 void block_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
   __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c)
-      acc[r][c] = k0 ? _mm256_loadu_ps(out + r * kCols + 8 * (c0 + c)) : _mm256_setzero_ps();
+  start_acc(acc, out, c0, k0);
   for (int64_t i = k0; i < k1; ++i) {
     const uint16_t* row = w + i * kCols * 2;
     if constexpr (kFetch)
@@ -489,8 +498,7 @@ void block_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2, in
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * kCols + 8 * (c0 + c), acc[r][c]);
+  store_acc(acc, out, c0);
 }
 
 template <int R, typename X, typename W>
