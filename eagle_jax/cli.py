@@ -142,8 +142,8 @@ def _generate(args) -> int:
     spec_on = gen.speculates(len(prompts))
     if gen.speculative and not spec_on:
         why = (f"a batch of {len(prompts)} prompts is over --disable-by-batch-size ({gen.disable_by_batch_size})"
-               if gen.disable_by_batch_size else "on this CPU (no AVX-512) a verify step costs about twice a "
-               "decode step, so --disable-by-batch-size auto turns speculation off")
+               if gen.disable_by_batch_size else "on this CPU (no AVX-512, or no native kernels) a verify step "
+               "costs about twice a decode step, so --disable-by-batch-size auto turns speculation off")
         print(f"eagle-jax: {why}: decoding without speculation, the same output "
               f"(--disable-by-batch-size none speculates anyway)", file=sys.stderr)
     out = {
