@@ -280,6 +280,7 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, F fn) {
 // (from L2 after the first block).
 
 constexpr int kMaxRows = 6;  // rows of x per register tile
+constexpr int64_t kSplitBlocks = 8;  // from this many row blocks on, tasks split a tile's rows
 constexpr int kCols = 64;    // columns per tile (4 vectors)
 
 // While a later pass over a tile computes from cache, memory would idle: so
@@ -421,14 +422,16 @@ void finish(const Outputs<Y>& o, const float* acc, const float* up, int64_t m0, 
 // AVX2 has 16 registers of 8 floats, and the tiles above, written for
 // 512-bit vectors, keep their accumulators on the stack there (measured on a
 // Zen 2 EPYC: M=1 at 17 GB/s, M=12 at 1 GB/s). Here one row takes the whole
-// 64-column tile (8 accumulators); more rows go in groups of up to 4 over a
-// quarter of the tile (2 vectors, one cache line of each k row: 8
-// accumulators, the quarter's weights loaded and widened once for the group),
-// k in chunks of 64 rows (16 KB, in L1 for the later passes; the first pass
-// prefetches the chunk's other three quarters). Every output is one chain of
-// FMAs over k in order, whatever the grouping, so M rows give bit for bit
-// the rows of M one-row calls. No prefetch of the next tile (tuned on
-// AVX-512 only).
+// 64-column tile (8 accumulators); more rows (up to 6, the block `column_tile`
+// hands over) go together over a quarter of the tile (2 vectors, one cache
+// line of each k row: 12 accumulators, the quarter's weights loaded and
+// widened once for all rows), k in chunks of 64 rows (16 KB, in L1 for the
+// later quarters; the first quarter prefetches the chunk's other three). For
+// bf16, the rows of x are widened to f32 once per tile (even and odd halves
+// apart), so each row's multiplier is one broadcast load. Every output is one
+// chain of FMAs over k in order (bf16: each pair's odd k, then its even k),
+// whatever the grouping, so M rows give bit for bit the rows of M one-row
+// calls. No prefetch of the next tile (tuned on AVX-512 only).
 inline __m256 bf16_even(__m256i u) { return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)); }
 inline __m256 bf16_odd(__m256i u) { return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(-65536))); }
 inline __m256 bf16_splat(uint32_t h) { return _mm256_castsi256_ps(_mm256_set1_epi32(int(h << 16))); }
@@ -449,17 +452,19 @@ inline void store_acc(const __m256 (&acc)[R][C], float* out, int c0) {
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + r * kCols + 8 * (c0 + c), acc[r][c]);
 }
 
+inline void fetch_quarters(const void* row) {  // the other three cache lines of a tile's k row
+  for (int l = 1; l < 4; ++l) _mm_prefetch(static_cast<const char*>(row) + 64 * l, _MM_HINT_T0);
+}
+
 // out[r, 8 c0 .. 8 (c0 + C)) (+)= x[r, k0:k1] @ W[k0:k1, those columns], R rows,
-// continuing the sums in out unless k0 == 0. f32: x [R, K], W rows of 64
-// floats; bf16: x [R, K/2] pairs, W rows of 64 pairs, odd k first.
+// continuing the sums in out unless k0 == 0. x [R, K], W rows of 64 floats.
 template <int R, int C, bool kFetch>
 void block_avx2(const float* x, const float* w, float* out, int64_t K, int c0, int64_t k0, int64_t k1) {
   __m256 acc[R][C];
   start_acc(acc, out, c0, k0);
   for (int64_t k = k0; k < k1; ++k) {
     const float* row = w + k * kCols;
-    if constexpr (kFetch)
-      for (int l = 1; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + 64 * l, _MM_HINT_T0);
+    if constexpr (kFetch) fetch_quarters(row);
     __m256 wv[C];
     for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(row + 8 * (c0 + c));
     for (int r = 0; r < R; ++r) {
@@ -470,62 +475,110 @@ void block_avx2(const float* x, const float* w, float* out, int64_t K, int c0, i
   store_acc(acc, out, c0);
 }
 
-template <int R, int C, bool kFetch>
-void block_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
-  __m256 acc[R][C];
+// bf16, one row over the whole tile: x [K/2] pairs, W rows of 64 pairs, each vector widened as it is used.
+void row_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2) {
+  __m256 acc[1][8];
+  start_acc(acc, out, 0, 0);
+  for (int64_t i = 0; i < K2; ++i) {
+    const uint16_t* row = w + i * kCols * 2;
+    const __m256 xo = bf16_splat(x[i] >> 16), xe = bf16_splat(x[i] & 0xffffu);
+    for (int c = 0; c < 8; ++c) {
+      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * c));
+      acc[0][c] = _mm256_fmadd_ps(xe, bf16_even(u), _mm256_fmadd_ps(xo, bf16_odd(u), acc[0][c]));
+    }
+  }
+  store_acc(acc, out, 0);
+}
+
+// bf16, R rows over 2 vectors at column vector c0: xf [R, 2 K2] f32, each row
+// its even k then its odd k (`widen_rows`); W rows of 64 pairs.
+template <int R, bool kFetch>
+void block_pairs_avx2(const float* xf, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
+  __m256 acc[R][2];
   start_acc(acc, out, c0, k0);
   for (int64_t i = k0; i < k1; ++i) {
     const uint16_t* row = w + i * kCols * 2;
-    if constexpr (kFetch)
-      for (int l = 1; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + 64 * l, _MM_HINT_T0);
-    if constexpr (R == 1) {  // widen each vector as it is used
-      const __m256 xo = bf16_splat(x[i] >> 16), xe = bf16_splat(x[i] & 0xffffu);
-      for (int c = 0; c < C; ++c) {
-        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * (c0 + c)));
-        acc[0][c] = _mm256_fmadd_ps(xe, bf16_even(u), _mm256_fmadd_ps(xo, bf16_odd(u), acc[0][c]));
-      }
-    } else {
-      __m256 odd[C], even[C];
-      for (int c = 0; c < C; ++c) {
-        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * (c0 + c)));
-        odd[c] = bf16_odd(u);
-        even[c] = bf16_even(u);
-      }
-      for (int r = 0; r < R; ++r) {
-        const uint32_t xp = x[r * K2 + i];
-        const __m256 xo = bf16_splat(xp >> 16), xe = bf16_splat(xp & 0xffffu);
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xe, even[c], _mm256_fmadd_ps(xo, odd[c], acc[r][c]));
-      }
+    if constexpr (kFetch) fetch_quarters(row);
+    const __m256i* u = reinterpret_cast<const __m256i*>(row + 16 * c0);
+    __m256 w0 = bf16_odd(_mm256_loadu_si256(u)), w1 = bf16_odd(_mm256_loadu_si256(u + 1));
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(xf + r * 2 * K2 + K2 + i);
+      acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+    }
+    w0 = bf16_even(_mm256_loadu_si256(u));
+    w1 = bf16_even(_mm256_loadu_si256(u + 1));
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(xf + r * 2 * K2 + i);
+      acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
     }
   }
   store_acc(acc, out, c0);
 }
 
-template <int R, typename X, typename W>
-void quarters_avx2(const X* x, const W* w, float* out, int64_t kx, int64_t k0, int64_t k1, bool fetch) {
-  for (int c0 = 0; c0 < 8; c0 += 2) {
-    if (fetch && c0 == 0) block_avx2<R, 2, true>(x, w, out, kx, c0, k0, k1);
-    else block_avx2<R, 2, false>(x, w, out, kx, c0, k0, k1);
+// xf [rows, 2 K2]: each row of bf16 pairs x [rows, K2] as f32, the even k first, then the odd k.
+inline void widen_rows(const uint32_t* x, float* xf, int64_t rows, int64_t K2) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t* src = x + r * K2;
+    float* even = xf + r * 2 * K2;
+    float* odd = even + K2;
+    int64_t i = 0;
+    for (; i + 8 <= K2; i += 8) {
+      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm256_storeu_ps(even + i, bf16_even(u));
+      _mm256_storeu_ps(odd + i, bf16_odd(u));
+    }
+    for (; i < K2; ++i) {
+      const uint32_t e = src[i] << 16, o = src[i] & 0xffff0000u;
+      std::memcpy(even + i, &e, 4);
+      std::memcpy(odd + i, &o, 4);
+    }
   }
 }
 
-template <typename X, typename W>
-void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx, Prefetch) {
-  if (rows == 1) return block_avx2<1, 8, false>(x, w, out, kx, 0, 0, kx);
+template <int R, bool kFetch>
+inline void block_any(const float* x, const float* w, float* out, int64_t K, int c0, int64_t k0, int64_t k1) {
+  block_avx2<R, 2, kFetch>(x, w, out, K, c0, k0, k1);
+}
+template <int R, bool kFetch>
+inline void block_any(const float* xf, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
+  block_pairs_avx2<R, kFetch>(xf, w, out, K2, c0, k0, k1);
+}
+
+template <int R, typename W>
+void quarters_avx2(const float* x, const W* w, float* out, int64_t kx, int64_t k0, int64_t k1) {
+  block_any<R, true>(x, w, out, kx, 0, k0, k1);
+  for (int c0 = 2; c0 < 8; c0 += 2) block_any<R, false>(x, w, out, kx, c0, k0, k1);
+}
+
+template <typename W>
+void rows_avx2(const float* x, const W* w, float* out, int64_t rows, int64_t kx) {
   for (int64_t k0 = 0; k0 < kx; k0 += kChunkAvx2) {
     const int64_t k1 = std::min(kx, k0 + kChunkAvx2);
-    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-      const X* xr = x + r0 * kx;
-      float* o = out + r0 * kCols;
-      const bool fetch = r0 == 0;
-      switch (std::min<int64_t>(4, rows - r0)) {
-        case 1: quarters_avx2<1>(xr, w, o, kx, k0, k1, fetch); break;
-        case 2: quarters_avx2<2>(xr, w, o, kx, k0, k1, fetch); break;
-        case 3: quarters_avx2<3>(xr, w, o, kx, k0, k1, fetch); break;
-        default: quarters_avx2<4>(xr, w, o, kx, k0, k1, fetch); break;
-      }
+    switch (rows) {
+      case 2: quarters_avx2<2>(x, w, out, kx, k0, k1); break;
+      case 3: quarters_avx2<3>(x, w, out, kx, k0, k1); break;
+      case 4: quarters_avx2<4>(x, w, out, kx, k0, k1); break;
+      case 5: quarters_avx2<5>(x, w, out, kx, k0, k1); break;
+      default: quarters_avx2<6>(x, w, out, kx, k0, k1); break;
     }
   }
+}
+
+static_assert(kMaxRows == 6, "the AVX2 blocks take at most 6 rows");
+
+inline void tile_rows(const float* x, const float* w, float* out, int64_t rows, int64_t K, Prefetch) {
+  if (rows == 1) return block_avx2<1, 8, false>(x, w, out, K, 0, 0, K);
+  rows_avx2(x, w, out, rows, K);
+}
+
+inline void tile_rows(const uint32_t* x, const uint16_t* w, float* out, int64_t rows, int64_t K2, Prefetch) {
+  if (rows == 1) return row_avx2(x, w, out, K2);
+  thread_local std::vector<float> xf;
+  xf.resize(rows * 2 * K2);
+  widen_rows(x, xf.data(), rows, K2);
+  rows_avx2(xf.data(), w, out, rows, K2);
 }
 #else
 template <typename X, typename W>
@@ -541,25 +594,26 @@ void tile_rows(const X* x, const W* w, float* out, int64_t rows, int64_t kx, Pre
 }
 #endif
 
-// Output column tile t for all M rows. kx: the row length of x in X units (K
-// or K/2). For swiglu, tile t pairs weight tiles t (gate) and t + tiles (up).
-// prefetch_next: fetch tile t + 1 (of the same task) into L2 during the
-// passes; `matmul` asks for it from two full passes on.
+// Output column tile t for rows [m_begin, m_end). kx: the row length of x in
+// X units (K or K/2). For swiglu, tile t pairs weight tiles t (gate) and
+// t + tiles (up). prefetch_next: fetch tile t + 1 (of the same task) into L2
+// during the passes; `matmul` asks for it from two full passes on.
 template <typename X, typename W, typename Y>
-void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx, int64_t t,
-                 int64_t tiles, bool prefetch_next) {
+void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t m_begin, int64_t m_end, int64_t kx,
+                 int64_t t, int64_t tiles, bool prefetch_next) {
   const int64_t tile_elems = kx * (std::is_same_v<W, float> ? 1 : 2) * kCols;
   const W* wt = w + t * tile_elems;
   const int64_t n0 = t * kCols, width = std::min<int64_t>(kCols, o.N - n0);
   const bool fetch = prefetch_next && kx > 0;
+  const int64_t M = m_end - m_begin;
   alignas(64) float buf[kMaxRows * kCols], up[kMaxRows * kCols];
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+  for (int64_t m0 = m_begin; m0 < m_end; m0 += kMaxRows) {
     const X* xm = x + m0 * kx;
-    const int64_t rows = std::min<int64_t>(kMaxRows, M - m0);
+    const int64_t rows = std::min<int64_t>(kMaxRows, m_end - m0), i = m0 - m_begin;
     Prefetch pf;
-    if (fetch) {  // lines [4 kx m0 / M, 4 kx (m0 + rows) / M) of the next tile
-      pf.next = reinterpret_cast<const char*>(wt + tile_elems) + 4 * kx * m0 / M * 64;
-      pf.rate = (((4 * kx * (m0 + rows) / M) - (4 * kx * m0 / M)) << 16) / kx;
+    if (fetch) {  // lines [4 kx i / M, 4 kx (i + rows) / M) of the next tile
+      pf.next = reinterpret_cast<const char*>(wt + tile_elems) + 4 * kx * i / M * 64;
+      pf.rate = (((4 * kx * (i + rows) / M) - (4 * kx * i / M)) << 16) / kx;
     }
     tile_rows(xm, wt, buf, rows, kx, pf);
     if (o.kind == kSwiglu) {
@@ -573,17 +627,30 @@ void column_tile(const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t
 template <typename X, typename W, typename Y>
 void matmul(ffi::ThreadPool& pool, const X* x, const W* w, const Outputs<Y>& o, int64_t M, int64_t kx) {
   const int64_t tiles = (o.N + kCols - 1) / kCols;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t blocks = (M + kMaxRows - 1) / kMaxRows;
+  if (blocks >= kSplitBlocks) {
+    // Many rows (a prefill): tasks of one tile and 4 row blocks, claimed
+    // in turn, so threads finish together whatever the tile count (runs of
+    // whole tiles left one of two threads idle for a fifth of a 9-tile call).
+    constexpr int64_t kBlocksPerTask = 4;
+    const int64_t parts = (blocks + kBlocksPerTask - 1) / kBlocksPerTask;
+    parallel_for(pool, tiles * parts, [&](int64_t task) {
+      const int64_t t = task / parts, m0 = task % parts * kBlocksPerTask * kMaxRows;
+      column_tile(x, w, o, m0, std::min(M, m0 + kBlocksPerTask * kMaxRows), kx, t, tiles, false);
+    });
+    return;
+  }
   // Contiguous runs of tiles per task: one run per thread for small weights
   // (the best split of their few tiles anyway), runs of 8 to 15 tiles for
   // large ones (measured against one-tile tasks: 0-15% faster at M = 1). With
   // two or more full passes per tile, each pass also fetches part of the
   // task's next tile (measured: that paid from M = 12 on, and cost at M = 8).
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t tasks = std::min(tiles, threads * std::max<int64_t>(1, tiles / (8 * threads)));
   const bool fetch = M >= 2 * kMaxRows;
   parallel_for(pool, tasks, [&](int64_t task) {
     const int64_t t0 = task * tiles / tasks, t1 = (task + 1) * tiles / tasks;
-    for (int64_t t = t0; t < t1; ++t) column_tile(x, w, o, M, kx, t, tiles, fetch && t + 1 < t1);
+    for (int64_t t = t0; t < t1; ++t) column_tile(x, w, o, 0, M, kx, t, tiles, fetch && t + 1 < t1);
   });
 }
 
@@ -867,7 +934,22 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
   auto key = [&](int64_t j) -> const C* { return j < len ? kb + j * D : j < nk ? new_kv(kn, j - len) : zeros; };
   constexpr int U = std::is_same_v<C, float> ? D : D / 2;  // 32-bit units per key
   constexpr int RN = 8;                                     // query rows per score pass
-  for (int64_t j0 = 0; j0 < nk; j0 += kLanes) {
+  // Keys [0, seen[i]) hold every key row i may see: its mask hides the new
+  // tokens after them (a causal prefill, a tree), so their score blocks and
+  // values are skipped; their weights would be exact zeros, so sums are the same.
+  std::vector<int64_t> seen(rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    const bool* row = mask + (b * s.T + (r0 + i) % s.T) * s.T;
+    int64_t u = s.T;
+    while (u > 0 && !row[u - 1]) --u;
+    seen[i] = len + u;
+  }
+  auto seen_by = [&](int64_t i0, int64_t n) {  // keys rows [i0, i0 + n) see, in whole 16-key blocks
+    const int64_t most = *std::max_element(seen.begin() + i0, seen.begin() + i0 + n);
+    return std::min(nk, (most + kLanes - 1) & ~int64_t(kLanes - 1));
+  };
+  const int64_t scored = seen_by(0, rows);
+  for (int64_t j0 = 0; j0 < scored; j0 += kLanes) {
     const void* keys[kLanes];
     for (int64_t l = 0; l < kLanes; ++l) keys[l] = key(j0 + l);
     vu kt[U];
@@ -876,6 +958,7 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
       const C* qs[RN];
       float* outs[RN];
       const int64_t n = std::min<int64_t>(RN, rows - i0);
+      if (j0 >= seen_by(i0, n)) continue;  // scores stay zero, masked to -inf below
       for (int64_t i = 0; i < RN; ++i) {
         const int64_t r = i0 + std::min<int64_t>(i, n - 1);  // a short pass repeats its last row
         qs[i] = qrow(r0 + r);
@@ -939,11 +1022,12 @@ void attend_rows(const AttnShape& s, const C* q, const C* kc, const C* vc, int64
       const int64_t r = r0 + g0 + i;
       return out + ((b * s.T + r % s.T) * s.Hq + h * s.G + r / s.T) * D;
     };
-    switch (std::min<int64_t>(G, rows - g0)) {
-      case 1: value_group<1, NV>(w, stride, nk, value, dst); break;
-      case 2: value_group<std::min(2, G), NV>(w, stride, nk, value, dst); break;
-      case 3: value_group<std::min(3, G), NV>(w, stride, nk, value, dst); break;
-      default: value_group<G, NV>(w, stride, nk, value, dst); break;
+    const int64_t gn = std::min<int64_t>(G, rows - g0), keys = seen_by(g0, gn);
+    switch (gn) {
+      case 1: value_group<1, NV>(w, stride, keys, value, dst); break;
+      case 2: value_group<std::min(2, G), NV>(w, stride, keys, value, dst); break;
+      case 3: value_group<std::min(3, G), NV>(w, stride, keys, value, dst); break;
+      default: value_group<G, NV>(w, stride, keys, value, dst); break;
     }
   }
 }

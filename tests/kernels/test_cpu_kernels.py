@@ -36,7 +36,8 @@ def poisoned(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("m,k,n", [(1, 576, 960), (5, 576, 3072), (7, 1536, 576), (13, 40, 70),
-                                   (33, 17, 130), (2, 1, 3), (6, 65, 64), (12, 7, 129), (32, 64, 1)])
+                                   (33, 17, 130), (2, 1, 3), (6, 65, 64), (12, 7, 129), (32, 64, 1),
+                                   (100, 96, 200)])  # a prefill's rows: tasks split each tile's rows
 def test_matmul_against_float64(poisoned, dtype, m, k, n):
     rng = np.random.default_rng(m * 1000 + k + n)
     x = jnp.asarray(rng.standard_normal((m, k)), dtype)
@@ -98,11 +99,11 @@ def test_pack_weights_shares_one_block_and_matches_pack_weight():
 def test_matmul_rows_do_not_depend_on_m(dtype):
     """Row i of an M-row call equals the 1-row call on x[i], bit for bit, for every M."""
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((17, 576)), dtype)
+    x = jnp.asarray(rng.standard_normal((50, 576)), dtype)
     pw = cpu.pack_weight(jnp.asarray(rng.standard_normal((576, 200)) * 0.05, dtype))
     mm = jax.jit(cpu.matmul)
-    singles = np.stack([np.asarray(mm(x[i:i + 1], pw))[0] for i in range(17)])
-    for m in (2, 5, 6, 7, 12, 17):
+    singles = np.stack([np.asarray(mm(x[i:i + 1], pw))[0] for i in range(50)])
+    for m in (2, 5, 6, 7, 12, 17, 50):
         np.testing.assert_array_equal(np.asarray(mm(x[:m], pw)), singles[:m])
 
 
@@ -144,7 +145,7 @@ def test_fused_norm_and_residual_against_the_xla_path(poisoned, dtype, m, k, n, 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("m,k,f", [(1, 576, 1536), (6, 96, 64), (13, 130, 192)])
+@pytest.mark.parametrize("m,k,f", [(1, 576, 1536), (6, 96, 64), (13, 130, 192), (49, 40, 128)])
 def test_fused_swiglu_against_float64(poisoned, dtype, m, k, f):
     """silu(gate) * up from one call over [gate | up], against float64 math on
     the rounded factors (bf16: within one rounding of the output)."""
