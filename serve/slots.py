@@ -28,12 +28,17 @@ the same (plain 41.5 against 46 ms, chain k=3 90.4 against 90.5 ms). The
 prefill is compiled per prompt bucket, those up to `warm_prompt_tokens` at
 construction (`info()["warmup_s"]`); a longer prompt compiles its bucket on arrival.
 
-Whether rows speculate is fixed at construction (by default
-`Generator.speculates(slots)`, i.e. `disable_by_batch_size`).
+Whether the engine has a drafter is fixed at construction (by default
+`Generator.speculates(slots)`, i.e. `disable_by_batch_size`). With one, each
+step either drafts or is plain (`loop.step(..., draft=False)`: the target
+alone, the drafter kept in step), by `_DraftPolicy`: tokens a row per
+drafting step (measured) over a drafting step's measured time, against one
+token a row over a plain step's, per row bucket, as vLLM and SGLang lower
+speculation under load. `adaptive=False` drafts at every step.
 
 Not yet here (issue 18, item 1): chunked prefill of newcomers while others
-decode (a newcomer's prefill now stalls the running rows), per-row adaptive
-speculation depth, and `Generator.generate` on this engine.
+decode (a newcomer's prefill now stalls the running rows), a draft depth per
+row (the choice is for the whole step), and `Generator.generate` on this engine.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ class SlotEngine:
     """Continuous batching over `slots` rows of `max_len` cache slots (serve/engine.py's interface)."""
 
     def __init__(self, generator, *, slots: int = 4, max_len: int = 1024, draft_name: str = "none",
-                 speculative: bool | None = None, warm_prompt_tokens: int = 128):
+                 speculative: bool | None = None, adaptive: bool = True, warm_prompt_tokens: int = 128):
         gen = self.gen = generator
         if gen.tokenizer is None:
             raise ValueError("the slot engine streams text: the target needs a tokenizer")
@@ -108,12 +113,16 @@ class SlotEngine:
         self._waiting: deque[Request] = deque()
         self._rows: dict[int, _Row] = {}  # slot -> its row (touched by the loop thread only)
         self._running = 0
+        self.steps = {"draft": 0, "plain": 0}  # steps taken by kind (the loop thread's count)
+        self._policy = None  # _DraftPolicy once warm-up has timed the steps (adaptive with a drafter)
         self._wake = threading.Condition()
         self.closed = False
         t0 = time.perf_counter()
         self._shapes = self._state_shapes()
         self._state = self._empty()
-        self.warm_buckets = self._warm_up(warm_prompt_tokens)
+        self.warm_buckets, costs = self._warm_up(warm_prompt_tokens)
+        if self.lc.speculative and adaptive:
+            self._policy = _DraftPolicy(costs)
         self.warmup_s = time.perf_counter() - t0
         self._thread = threading.Thread(target=self._loop, name="eagle-jax-slots", daemon=True)
         self._thread.start()
@@ -123,7 +132,8 @@ class SlotEngine:
     def info(self) -> dict:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
-                "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets}
+                "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets,
+                "adaptive": self._policy is not None, "steps": dict(self.steps)}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)
@@ -189,13 +199,18 @@ class SlotEngine:
                                 _put([len(ids)], np.int32), _put([max_new], np.int32), keys,
                                 _params(s), *caches, lc=self.lc, out_width=self.width)
 
-    def _step(self, rows: int | None = None) -> None:
-        """One step over the first `rows` slots (default: the bucket that holds every occupied slot)."""
-        if rows is None:
-            top = max(self._rows) + 1
-            rows = next(b for b in self.row_buckets if b >= top)
+    def _bucket(self) -> int:
+        """The row bucket that holds every occupied slot."""
+        top = max(self._rows) + 1
+        return next(b for b in self.row_buckets if b >= top)
+
+    def _step(self, rows: int, draft: bool) -> float:
+        """One step over the first `rows` slots, drafting or plain; returns its seconds."""
+        t0 = time.perf_counter()
         self._state = loop.step_rows_jit(self.gen.target_params, self._dparams, self._vocab, self._state,
-                                         lc=self.lc, rows=rows)
+                                         lc=self.lc, rows=rows, draft=draft)
+        jax.block_until_ready(self._state.num_generated)
+        return time.perf_counter() - t0
 
     def _finish(self, slots: list[int]) -> None:
         if slots:
@@ -203,22 +218,25 @@ class SlotEngine:
             mask[slots] = True
             self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
-    def _warm_up(self, prompt_tokens: int) -> list[int]:
+    def _warm_up(self, prompt_tokens: int) -> tuple[list[int], dict]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
-        the step of each row bucket, the read and the finish. Returns the prompt buckets; leaves every
-        slot free."""
+        the step of each row bucket (both kinds with a drafter, timed on a second run), the read and
+        the finish. Returns the prompt buckets and {(rows, draft): seconds}; leaves every slot free."""
         chunk = self.gen.prefill_chunk
         limit = min(prompt_tokens, self.context_limit - 1)
         buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
         for p in buckets:
             self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
+        costs = {}
         for rows in self.row_buckets:
-            self._step(rows)
+            for draft in (True, False) if self.lc.speculative else (False,):
+                self._step(rows, draft)
+                costs[rows, draft] = self._step(rows, draft)
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
-        return buckets
+        return buckets, costs
 
     # ------------------------------------------------------------ the loop thread
 
@@ -240,8 +258,13 @@ class SlotEngine:
         if self._admit():
             self._observe()
         if self._rows:
-            self._step()
-            self._observe()
+            rows = self._bucket()
+            draft = self._policy.choose(rows) if self._policy else self.lc.speculative
+            seconds = self._step(rows, draft)
+            self.steps["draft" if draft else "plain"] += 1
+            per_row = self._observe()
+            if self._policy:
+                self._policy.observe(rows, draft, seconds, per_row)
 
     def _admit(self) -> bool:
         """Prefill waiting requests into free slots; drop cancelled ones. Whether any was admitted."""
@@ -262,8 +285,9 @@ class SlotEngine:
             self._state = loop.insert_jit(self._state, self._prefill(req.prompt_ids, req.sampling), slot)
             admitted = True
 
-    def _observe(self) -> None:
-        """Read every row's new tokens; push their text; end the rows that are over."""
+    def _observe(self) -> float | None:
+        """Read every row's new tokens; push their text; end the rows that are over. Returns the
+        mean new tokens of the rows that emitted any (None: none did)."""
         start = np.zeros((self.slots,), np.int32)
         for slot, row in self._rows.items():
             start[slot] = len(row.toks)
@@ -271,6 +295,8 @@ class SlotEngine:
                                                              width=self.lc.tokens_per_step))
         now = time.monotonic()
         ended = {}  # slot -> its Done
+        counts = [int(n[slot] - start[slot]) for slot in self._rows]
+        counts = [c for c in counts if c > 0]
         for slot, row in self._rows.items():
             row.ttft_s = row.ttft_s if row.ttft_s is not None else now - row.req.arrived
             row.most_rows = max(row.most_rows, len(self._rows))
@@ -287,6 +313,7 @@ class SlotEngine:
             self._running -= len(ended)
         for req, event in zip(reqs, ended.values()):
             req.push(event)
+        return sum(counts) / len(counts) if counts else None
 
     def _done(self, row: _Row, device_done: bool, stats, now: float) -> Done:
         if row.text.stopped:
@@ -319,6 +346,37 @@ class SlotEngine:
             self._waiting.clear()
             self._running = 0
         return reqs
+
+
+class _DraftPolicy:
+    """Whether a step drafts: the expected tokens per second of a drafting step
+    (`gain`, tokens a row per drafting step, a running mean) against a plain
+    step's (one token a row), each over its measured seconds for the row
+    bucket (running means, seeded by the warm-up's timings). While plain
+    steps win, one step in `probe` drafts anyway, so `gain` follows the rows
+    running now. Until a drafting step has been measured, steps draft."""
+
+    def __init__(self, costs: dict[tuple[int, bool], float], probe: int = 16, keep: float = 0.8):
+        self.cost = dict(costs)
+        self.gain: float | None = None
+        self.probe, self.keep = probe, keep
+        self._plain_run = 0
+
+    def choose(self, rows: int) -> bool:
+        if self.gain is None or self.gain * self.cost[rows, False] >= self.cost[rows, True]:
+            self._plain_run = 0
+            return True
+        self._plain_run += 1
+        if self._plain_run >= self.probe:
+            self._plain_run = 0
+            return True
+        return False
+
+    def observe(self, rows: int, draft: bool, seconds: float, per_row: float | None) -> None:
+        mean = lambda old, new: new if old is None else self.keep * old + (1 - self.keep) * new
+        self.cost[rows, draft] = mean(self.cost[rows, draft], seconds)
+        if draft and per_row is not None:
+            self.gain = mean(self.gain, per_row)
 
 
 def _params(s: Sampling) -> SamplingParams:

@@ -22,7 +22,7 @@ from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.engine import Delta, EngineError, Sampling
 from eagle_jax.serve.server import add_arguments, make_server
-from eagle_jax.serve.slots import SlotEngine
+from eagle_jax.serve.slots import SlotEngine, _DraftPolicy
 from eagle_jax.spec import loop
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
@@ -31,7 +31,10 @@ SLOTS = 3
 
 
 def _engine(gen):
-    return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, warm_prompt_tokens=16)
+    # Drafting at every step (adaptive=False): the tests below check the drafts' statistics;
+    # test_steps_that_switch_between_drafting_and_plain checks the switching.
+    return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, adaptive=False,
+                      warm_prompt_tokens=16)
 
 
 @pytest.fixture(scope="module")
@@ -301,3 +304,52 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(plain, monkeypa
     assert engine.load() == (0, 0)
     text, done = asyncio.run(ask(PROMPTS[2]))
     _check_alone(gen, PROMPTS[2], 8, text, done)
+
+
+class _Alternate:
+    """A draft policy that drafts every other step and records what it was told."""
+
+    def __init__(self):
+        self.n, self.seen = 0, []
+
+    def choose(self, rows):
+        self.n += 1
+        return self.n % 2 == 1
+
+    def observe(self, rows, draft, seconds, per_row):
+        self.seen.append((rows, draft, per_row))
+
+
+def test_steps_that_switch_between_drafting_and_plain(chain, monkeypatch):
+    """Plain steps keep the drafter in step: the answers still equal each prompt alone, and the
+    drafting steps after plain ones are still accepted."""
+    gen, engine = chain
+    policy = _Alternate()
+    monkeypatch.setattr(engine, "_policy", policy)
+    before = dict(engine.steps)
+
+    async def both():
+        return await asyncio.gather(*[_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=24), stream=True))
+                                      for p in PROMPTS[:2]])
+
+    outs = asyncio.run(both())
+    for p, (text, done) in zip(PROMPTS[:2], outs):
+        _check_alone(gen, p, 24, text, done)
+    assert engine.steps["draft"] > before["draft"] and engine.steps["plain"] > before["plain"]
+    assert sum(done.spec.accepted for _, done in outs) > 0
+    assert {d for _, d, _ in policy.seen} == {True, False}
+    assert all(r is None or (d and 1 <= r <= gen.spec.depth + 1) or (not d and r == 1) for _, d, r in policy.seen)
+
+
+def test_draft_policy_weighs_measured_tokens_per_second():
+    costs = {(1, True): 0.030, (1, False): 0.020, (4, True): 0.090, (4, False): 0.030}
+    policy = _DraftPolicy(costs, probe=4)
+    assert policy.choose(4)  # nothing measured yet: draft
+    policy.observe(4, True, 0.090, 2.0)  # 2 tokens a row in 90 ms against 1 in 30 ms: plain wins at 4 rows
+    assert policy.choose(1)  # 2 / 30 ms against 1 / 20 ms: drafting wins at 1 row
+    assert [policy.choose(4) for _ in range(8)] == [False, False, False, True] * 2  # a probe every 4th step
+    policy.observe(4, False, 0.200, 1.0)  # plain steps turn slow: the running mean moves towards it
+    assert policy.cost[4, False] == pytest.approx(0.8 * 0.030 + 0.2 * 0.200)
+    for _ in range(10):
+        policy.observe(4, True, 0.090, 4.0)  # the rows now accept more
+    assert policy.choose(4)

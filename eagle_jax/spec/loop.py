@@ -191,18 +191,43 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
                          root_logits=root_logits, root_feedback=_last(feedback, prompt_len - 1))
 
 
-def _plain_step(tparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
+def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
+    """One token a row from the target alone. With a drafter (`lc.speculative`),
+    the drafter still rolls forward over it with the target's features, so a
+    later speculative step finds its cache and root prediction as if it had
+    drafted all along (a slot engine switches between the two per step)."""
     b = state.pending.shape[0]
-    pos = state.tcache.lengths[:, None]
+    base = state.tcache.lengths
     with jax.named_scope("target"):
-        hidden, tcache, _ = target.forward(tparams, lc.target, state.pending[:, None], pos,
-                                           state.tcache, impl=lc.impl)
+        hidden, tcache, aux = target.forward(tparams, lc.target, state.pending[:, None], base[:, None],
+                                             state.tcache, aux_layers=lc.aux_layers(), impl=lc.impl)
         logits = target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl)
     with jax.named_scope("accept"):
         keys, sub = split_keys(state.keys, 2)
         nxt = sample(sub, logits, state.sampling, impl=lc.impl)
         state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
-    return state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
+    state = state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
+    if not lc.speculative:
+        return state
+    return _roll_drafter(tparams, dparams, state, lc, nxt[:, None], aux, base, m)
+
+
+def _roll_drafter(tparams, dparams, state: DecodeState, lc: LoopConfig, new_tokens, feats, base, m) -> DecodeState:
+    """The drafter over a step's m [B] emitted tokens new_tokens [B, T] (T >= m),
+    paired with the target's features feats [B, T, A*H] at positions base + j:
+    its cache gains those entries, and the last one's prediction becomes the root."""
+    rows = jnp.arange(new_tokens.shape[0])
+    with jax.named_scope("drafter"):
+        positions = base[:, None] + jnp.arange(new_tokens.shape[1])[None]
+        logits, feedback, dcache = drafter.step(
+            dparams, lc.drafter, new_tokens, drafter.project_features(dparams, lc.drafter, feats, impl=lc.impl),
+            positions, state.dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
+    emitted = m > 0
+    last = jnp.maximum(m - 1, 0)
+    return state.replace(
+        dcache=dcache.commit(m),
+        root_logits=jnp.where(emitted[:, None], logits[:, 0], state.root_logits),
+        root_feedback=jnp.where(emitted[:, None], feedback[rows, last], state.root_feedback))
 
 
 def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> DecodeState:
@@ -233,38 +258,32 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     # Commit root + accepted path nodes (m of them) and roll the drafter over them.
     with jax.named_scope("commit"):
         tcache = tcache.compact(path, m, impl=lc.impl)
-    with jax.named_scope("drafter"):
-        feats = jnp.take_along_axis(aux, path[:, :, None], axis=1)
-        positions = base[:, None] + j
-        logits, feedback, dcache = drafter.step(
-            dparams, dcfg, new_tokens, drafter.project_features(dparams, dcfg, feats, impl=lc.impl),
-            positions, dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
-    emitted = m > 0
-    last = jnp.maximum(m - 1, 0)
-    return state.replace(
-        tcache=tcache, dcache=dcache.commit(m), stats=stats,
-        pending=jnp.where(emitted, new_tokens[rows, last], state.pending),
-        root_logits=jnp.where(emitted[:, None], logits[:, 0], state.root_logits),
-        root_feedback=jnp.where(emitted[:, None], feedback[rows, last], state.root_feedback))
+    state = state.replace(tcache=tcache, dcache=dcache, stats=stats,
+                          pending=jnp.where(m > 0, new_tokens[rows, jnp.maximum(m - 1, 0)], state.pending))
+    feats = jnp.take_along_axis(aux, path[:, :, None], axis=1)
+    return _roll_drafter(tparams, dparams, state, lc, new_tokens, feats, base, m)
 
 
-def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> DecodeState:
-    """One decoding step (plain or speculative) for every unfinished row."""
-    if lc.speculative:
+def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, draft: bool = True) -> DecodeState:
+    """One decoding step for every unfinished row: speculative when a drafter
+    is loaded and `draft`, else plain (keeping a loaded drafter in step)."""
+    if lc.speculative and draft:
         return _spec_step(tparams, dparams, vocab, state, lc)
-    return _plain_step(tparams, state, lc)
+    return _plain_step(tparams, dparams, state, lc)
 
 
-def step_rows(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, rows: int) -> DecodeState:
+def step_rows(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, rows: int,
+              draft: bool = True) -> DecodeState:
     """`step` over rows [0, rows) of the state only; the other rows are left
     as they are (a slot engine whose occupied slots are the first `rows`
     pays for those alone). With the native CPU kernels the caches are not
     copied: the step works on views of their first rows (`KVCache.head_rows`)."""
     if rows == state.pending.shape[0]:
-        return step(tparams, dparams, vocab, state, lc=lc)
+        return step(tparams, dparams, vocab, state, lc=lc, draft=draft)
     head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl)
     part = jax.tree.map(lambda x: x[:rows], state.replace(tcache=None, dcache=None))
-    part = step(tparams, dparams, vocab, part.replace(tcache=head(state.tcache), dcache=head(state.dcache)), lc=lc)
+    part = step(tparams, dparams, vocab, part.replace(tcache=head(state.tcache), dcache=head(state.dcache)),
+                lc=lc, draft=draft)
     put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=0)
     rest = jax.tree.map(put, state.replace(tcache=None, dcache=None), part.replace(tcache=None, dcache=None))
     return rest.replace(tcache=state.tcache.put_head_rows(part.tcache),
@@ -302,7 +321,7 @@ def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
 
 prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
-step_jit = jax.jit(step, static_argnames=("lc",), donate_argnames=("state",))
-step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows"), donate_argnames=("state",))
+step_jit = jax.jit(step, static_argnames=("lc", "draft"), donate_argnames=("state",))
+step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows", "draft"), donate_argnames=("state",))
 insert_jit = jax.jit(insert, donate_argnames=("state",))
 finish_rows_jit = jax.jit(finish_rows, donate_argnames=("state",))
