@@ -5,10 +5,11 @@ output throughput at concurrency 1, 4 and 16, speculative against plain decoding
 
 Two real HTTP servers (serve/server.py) run in this process on the slot
 engine (`--engine slots`, continuous batching) with as many slots as the
-highest concurrency: one decodes plainly, one speculates with the drafter
-(`--draft`, default the bundled EAGLE 3.1) at every batch size
-(`disable_by_batch_size=None`, so the CPU's batch policy does not turn it
-off). At concurrency c, c clients each POST one greedy chat request
+highest concurrency: one decodes plainly, one has the drafter (`--draft`,
+default the bundled EAGLE 3.1) at every batch size (`disable_by_batch_size=None`,
+so the CPU's batch policy does not turn it off) and drafts at the steps its
+policy picks by measured cost and acceptance (serve/slots.py `_DraftPolicy`;
+the result counts both kinds of step). At concurrency c, c clients each POST one greedy chat request
 (HumanEval prompts) at the same moment; a user's output throughput is its
 completion tokens over its request's wall time, as the client sees it. Rounds
 alternate the two servers (odd rounds reversed) after an untimed burst at
@@ -103,7 +104,7 @@ def run(args, log) -> dict:
     max_len = 64 * -(-(longest + max_new + 64) // 64)
     result["settings"] = {"concurrency": levels, "max_new_tokens": max_new, "rounds": rounds, "slots": levels[-1],
                           "max_len": max_len, "dataset": "humaneval", "temperature": 0.0, "draft": draft,
-                          "engine": "slots"}
+                          "engine": "slots", "eagle_drafts": "adaptive"}
     drafter = load_drafter_by_name(draft, target.cfg, args.target, dtype=dtype)
     gens = {"plain": Generator(target.cfg, target.params, target.tokenizer),
             "eagle": Generator(target.cfg, target.params, target.tokenizer, drafter=drafter,
@@ -127,6 +128,7 @@ def run(args, log) -> dict:
                 for n in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
                     timed[n, c].append(_burst(urls[n], bodies[:c]))
                     log(f"serve {n} concurrency {c} round {i}: {_per_user(timed[n, c][-1]):.1f} tok/s per user")
+        result["steps"] = {n: s.engine.info()["steps"] for n, s in servers.items()}
     finally:
         for s in servers.values():
             s.shutdown()
