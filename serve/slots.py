@@ -120,8 +120,10 @@ class SlotEngine:
         t0 = time.perf_counter()
         self._shapes = self._state_shapes()
         self._state = self._empty()
-        self.warm_buckets, costs = self._warm_up(warm_prompt_tokens)
-        if self.lc.speculative and adaptive:
+        adaptive = adaptive and self.lc.speculative
+        self.warm_buckets, costs = self._warm_up(warm_prompt_tokens, (True, False) if adaptive else
+                                                 (self.lc.speculative,))
+        if adaptive:
             self._policy = _DraftPolicy(costs)
         self.warmup_s = time.perf_counter() - t0
         self._thread = threading.Thread(target=self._loop, name="eagle-jax-slots", daemon=True)
@@ -218,10 +220,11 @@ class SlotEngine:
             mask[slots] = True
             self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
-    def _warm_up(self, prompt_tokens: int) -> tuple[list[int], dict]:
+    def _warm_up(self, prompt_tokens: int, kinds: tuple[bool, ...]) -> tuple[list[int], dict]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
-        the step of each row bucket (both kinds with a drafter, timed on a second run), the read and
-        the finish. Returns the prompt buckets and {(rows, draft): seconds}; leaves every slot free."""
+        the step of each row bucket and kind (`draft` values; with two, each timed on a second run),
+        the read and the finish. Returns the prompt buckets and {(rows, draft): seconds} (empty with
+        one kind); leaves every slot free."""
         chunk = self.gen.prefill_chunk
         limit = min(prompt_tokens, self.context_limit - 1)
         buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
@@ -230,9 +233,10 @@ class SlotEngine:
             self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
         costs = {}
         for rows in self.row_buckets:
-            for draft in (True, False) if self.lc.speculative else (False,):
+            for draft in kinds:
                 self._step(rows, draft)
-                costs[rows, draft] = self._step(rows, draft)
+                if len(kinds) > 1:
+                    costs[rows, draft] = self._step(rows, draft)
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
