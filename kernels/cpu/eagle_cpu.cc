@@ -423,10 +423,12 @@ void finish(const Outputs<Y>& o, const float* acc, const float* up, int64_t m0, 
 // 512-bit vectors, keep their accumulators on the stack there (measured on a
 // Zen 2 EPYC: M=1 at 17 GB/s, M=12 at 1 GB/s). Here one row takes the whole
 // 64-column tile (8 accumulators); more rows (up to 6, the block `column_tile`
-// hands over) go together over a quarter of the tile (2 vectors, one cache
-// line of each k row: 12 accumulators, the quarter's weights loaded and
-// widened once for all rows), k in chunks of 64 rows (16 KB, in L1 for the
-// later quarters; the first quarter prefetches the chunk's other three). For
+// hands over) go together over a part of the tile (2 rows: half of it, 4
+// vectors; 3 to 6 rows: a quarter, 2 vectors; 6 to 12 accumulators, chains
+// that hide most of the FMA latency: with a quarter for 2 rows, M = 2 cost
+// as much as M = 3), the part's weights loaded and widened once for all rows,
+// k in chunks of 64 rows (16 KB, in L1 for the later parts; the first part
+// prefetches the chunk's other three cache lines). For
 // bf16, the rows of x are widened to f32 once per tile (even and odd halves
 // apart), so each row's multiplier is one broadcast load. Every output is one
 // chain of FMAs over k in order (bf16: each pair's odd k, then its even k),
@@ -490,28 +492,28 @@ void row_avx2(const uint32_t* x, const uint16_t* w, float* out, int64_t K2) {
   store_acc(acc, out, 0);
 }
 
-// bf16, R rows over 2 vectors at column vector c0: xf [R, 2 K2] f32, each row
-// its even k then its odd k (`widen_rows`); W rows of 64 pairs.
-template <int R, bool kFetch>
+// bf16, R rows over C vectors at column vector c0: xf [R, 2 K2] f32, each row
+// its even k then its odd k (`widen_rows`); W rows of 64 pairs. Each sum
+// takes the odd k, then the even k, as `row_avx2` does (rows are the same
+// whatever the block).
+template <int R, int C, bool kFetch>
 void block_pairs_avx2(const float* xf, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
-  __m256 acc[R][2];
+  __m256 acc[R][C];
   start_acc(acc, out, c0, k0);
   for (int64_t i = k0; i < k1; ++i) {
     const uint16_t* row = w + i * kCols * 2;
     if constexpr (kFetch) fetch_quarters(row);
     const __m256i* u = reinterpret_cast<const __m256i*>(row + 16 * c0);
-    __m256 w0 = bf16_odd(_mm256_loadu_si256(u)), w1 = bf16_odd(_mm256_loadu_si256(u + 1));
+    __m256 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = bf16_odd(_mm256_loadu_si256(u + c));
     for (int r = 0; r < R; ++r) {
       const __m256 b = _mm256_broadcast_ss(xf + r * 2 * K2 + K2 + i);
-      acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, wv[c], acc[r][c]);
     }
-    w0 = bf16_even(_mm256_loadu_si256(u));
-    w1 = bf16_even(_mm256_loadu_si256(u + 1));
+    for (int c = 0; c < C; ++c) wv[c] = bf16_even(_mm256_loadu_si256(u + c));
     for (int r = 0; r < R; ++r) {
       const __m256 b = _mm256_broadcast_ss(xf + r * 2 * K2 + i);
-      acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, wv[c], acc[r][c]);
     }
   }
   store_acc(acc, out, c0);
@@ -537,19 +539,28 @@ inline void widen_rows(const uint32_t* x, float* xf, int64_t rows, int64_t K2) {
   }
 }
 
+// Column vectors per block for R rows: enough independent sums (R x C of
+// them, each a chain of dependent FMAs) to cover the FMA latency, within the
+// 16 vector registers (R x C sums + C weight vectors + a broadcast). Measured
+// (SmolLM2 forward, bf16): 2 rows over 4 vectors 20.4 -> 17.4 ms; 3 rows over
+// 4 vectors no faster than over 2 (registers spill).
+template <int R>
+constexpr int kBlockCols = R == 2 ? 4 : 2;
+
 template <int R, bool kFetch>
 inline void block_any(const float* x, const float* w, float* out, int64_t K, int c0, int64_t k0, int64_t k1) {
-  block_avx2<R, 2, kFetch>(x, w, out, K, c0, k0, k1);
+  block_avx2<R, kBlockCols<R>, kFetch>(x, w, out, K, c0, k0, k1);
 }
 template <int R, bool kFetch>
 inline void block_any(const float* xf, const uint16_t* w, float* out, int64_t K2, int c0, int64_t k0, int64_t k1) {
-  block_pairs_avx2<R, kFetch>(xf, w, out, K2, c0, k0, k1);
+  block_pairs_avx2<R, kBlockCols<R>, kFetch>(xf, w, out, K2, c0, k0, k1);
 }
 
+// R rows over a whole tile, in blocks of kBlockCols<R> column vectors.
 template <int R, typename W>
-void quarters_avx2(const float* x, const W* w, float* out, int64_t kx, int64_t k0, int64_t k1) {
+void parts_avx2(const float* x, const W* w, float* out, int64_t kx, int64_t k0, int64_t k1) {
   block_any<R, true>(x, w, out, kx, 0, k0, k1);
-  for (int c0 = 2; c0 < 8; c0 += 2) block_any<R, false>(x, w, out, kx, c0, k0, k1);
+  for (int c0 = kBlockCols<R>; c0 < 8; c0 += kBlockCols<R>) block_any<R, false>(x, w, out, kx, c0, k0, k1);
 }
 
 template <typename W>
@@ -557,11 +568,11 @@ void rows_avx2(const float* x, const W* w, float* out, int64_t rows, int64_t kx)
   for (int64_t k0 = 0; k0 < kx; k0 += kChunkAvx2) {
     const int64_t k1 = std::min(kx, k0 + kChunkAvx2);
     switch (rows) {
-      case 2: quarters_avx2<2>(x, w, out, kx, k0, k1); break;
-      case 3: quarters_avx2<3>(x, w, out, kx, k0, k1); break;
-      case 4: quarters_avx2<4>(x, w, out, kx, k0, k1); break;
-      case 5: quarters_avx2<5>(x, w, out, kx, k0, k1); break;
-      default: quarters_avx2<6>(x, w, out, kx, k0, k1); break;
+      case 2: parts_avx2<2>(x, w, out, kx, k0, k1); break;
+      case 3: parts_avx2<3>(x, w, out, kx, k0, k1); break;
+      case 4: parts_avx2<4>(x, w, out, kx, k0, k1); break;
+      case 5: parts_avx2<5>(x, w, out, kx, k0, k1); break;
+      default: parts_avx2<6>(x, w, out, kx, k0, k1); break;
     }
   }
 }
