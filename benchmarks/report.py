@@ -505,20 +505,22 @@ def render_serve(r: dict) -> str:
     out = [f"### Per-user throughput at concurrency {', '.join(map(str, st.get('concurrency', [])))} "
            f"({r.get('date', '?')[:10]})", "", caption(r), "",
            f"`eagle-jax serve --engine slots` in-process ({st.get('slots')} slots, max_len {st.get('max_len')}), "
-           f"plain against EAGLE ({st.get('draft')}, speculating at every batch size); at concurrency c, c greedy "
+           f"plain against EAGLE ({st.get('draft')}, at every batch size, each step at the draft depth its "
+           f"policy picks: `eagle_drafts` {st.get('eagle_drafts', 'every step')}); at concurrency c, c greedy "
            f"chat requests (HumanEval) sent at once, {st.get('max_new_tokens')} new tokens each; a user's "
            f"throughput is its tokens over its request's wall time; {st.get('rounds')} timed rounds alternating "
            f"the servers. Warm-up: " + ", ".join(f"{k} {fmt(v, 1)} s" for k, v in r.get("warmup_s", {}).items())
            + ".", "",
            "| concurrency | per-user tok/s, plain | per-user tok/s, EAGLE | EAGLE / plain (paired median) | "
-           "mean latency s, plain / EAGLE | same texts | rows running together |",
-           "|---|---|---|---|---|---|---|"]
+           "mean latency s, plain / EAGLE | same texts | rows running together | EAGLE steps by draft depth |",
+           "|---|---|---|---|---|---|---|---|"]
     for c, e in r.get("levels", {}).items():
         tps, lat = e["per_user_tokens_per_s"], e["latency_mean_s"]
         sizes = sorted(set(e["batch_sizes"]["plain"]) | set(e["batch_sizes"]["eagle"]))
         out.append(f"| {c} | {fmt(tps['plain'], 1)} | {fmt(tps['eagle'], 1)} | {fmt(e['speedup_paired_median'])} | "
                    f"{fmt(lat['plain'], 1)} / {fmt(lat['eagle'], 1)} | {e['same_texts']} / {e['replies']} | "
-                   f"{', '.join(map(str, sizes))} |")
+                   f"{', '.join(map(str, sizes))} | "
+                   f"{', '.join(f'{d}: {k}' for d, k in sorted(e.get('eagle_steps_by_depth', {}).items())) or '-'} |")
     return "\n".join(out)
 
 

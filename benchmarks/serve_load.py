@@ -9,7 +9,7 @@ highest concurrency: one decodes plainly, one has the drafter (`--draft`,
 default the bundled EAGLE 3.1) at every batch size (`disable_by_batch_size=None`,
 so the CPU's batch policy does not turn it off) and drafts at the steps its
 policy picks by measured cost and acceptance (serve/slots.py `_DraftPolicy`;
-the result counts both kinds of step). At concurrency c, c clients each POST one greedy chat request
+the result counts the timed steps by draft depth, 0 being plain). At concurrency c, c clients each POST one greedy chat request
 (HumanEval prompts) at the same moment; a user's output throughput is its
 completion tokens over its request's wall time, as the client sees it. Rounds
 alternate the two servers (odd rounds reversed) after an untimed burst at
@@ -123,10 +123,15 @@ def run(args, log) -> dict:
             for url in urls.values():
                 _burst(url, bodies[:c])
         timed = {(n, c): [] for n in urls for c in levels}
+        depths = {c: {} for c in levels}  # the EAGLE server's timed steps by draft depth (0: plain)
         for i in range(rounds):
             for c in levels:
                 for n in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+                    before = servers[n].engine.info()["steps"]
                     timed[n, c].append(_burst(urls[n], bodies[:c]))
+                    if n == "eagle":
+                        for d, k in servers[n].engine.info()["steps"].items():
+                            depths[c][d] = depths[c].get(d, 0) + k - before.get(d, 0)
                     log(f"serve {n} concurrency {c} round {i}: {_per_user(timed[n, c][-1]):.1f} tok/s per user")
         result["steps"] = {n: s.engine.info()["steps"] for n, s in servers.items()}
     finally:
@@ -147,5 +152,6 @@ def run(args, log) -> dict:
             "replies": sum(len(r["texts"]) for r in eagle),
             "batch_sizes": {"plain": sorted({b for r in plain for b in r["batch_sizes"]}),
                             "eagle": sorted({b for r in eagle for b in r["batch_sizes"]})},
+            "eagle_steps_by_depth": depths[c],
         }
     return result

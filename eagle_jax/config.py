@@ -283,3 +283,15 @@ class SpecConfig:
     def total_tokens(self) -> int:
         """Tokens per verify pass, the root (last committed token) included."""
         return self.num_speculative_tokens + 1 if self.method == "chain" else self.tree_total_tokens
+
+    def at_depth(self, depth: int) -> "SpecConfig":
+        """The same drafting at `depth` levels (1 <= depth <= self.depth): a chain of
+        `depth` tokens, or a tree `depth` levels deep verifying at most as many
+        tokens as this one (a slot engine lowers the depth by measured cost)."""
+        if not 1 <= depth <= self.depth:
+            raise ConfigError(f"a draft depth must be in [1, {self.depth}], got {depth}")
+        if self.method == "chain":
+            return dataclasses.replace(self, num_speculative_tokens=depth)
+        k = self.tree_top_k
+        return dataclasses.replace(self, tree_depth=depth,
+                                   tree_total_tokens=min(self.tree_total_tokens, k + (depth - 1) * k * k + 1))

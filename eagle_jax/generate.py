@@ -49,11 +49,10 @@ class GenerationResult:
     tokens_per_s: float = 0.0
     timings: dict = field(default_factory=dict)
     spec_stats: SpecStats | None = None  # the raw per-row counters (host arrays); None when plain
-    depth: int = 0  # drafted tokens per verify step, for summarize()
 
     def stats_of(self, rows: Sequence[int]) -> dict:
         """Acceptance statistics over some rows (as `stats` is over all of them)."""
-        return summarize(self.spec_stats, self.depth, rows=list(rows)) if self.spec_stats is not None else {}
+        return summarize(self.spec_stats, rows=list(rows)) if self.spec_stats is not None else {}
 
 
 def _bucket(n: int, chunk: int) -> int:
@@ -292,19 +291,18 @@ class Generator:
             texts.append(text)
             reasons.append(reason)
         spec = lc.speculative
-        depth = self.spec.depth if spec else 0
         counters = jax.tree.map(np.asarray, state.stats) if spec else None
         total = int(sum(len(t) for t in token_ids))
         decode_s = max(wall - ttft, 1e-9)
         return GenerationResult(
             token_ids=token_ids, texts=texts, finish_reasons=reasons,
             prompt_tokens=[len(p) for p in ids],
-            stats=summarize(counters, depth) if spec else {},
-            row_stats=[summarize(counters, depth, rows=[r]) for r in range(len(ids))] if spec else [],
+            stats=summarize(counters) if spec else {},
+            row_stats=[summarize(counters, rows=[r]) for r in range(len(ids))] if spec else [],
             ttft_s=ttft, wall_s=wall, num_generated=total, tokens_per_s=total / max(wall, 1e-9),
             timings={"prefill_s": ttft, "decode_s": decode_s,
                      "decode_tokens_per_s": (total - len(ids)) / decode_s},
-            spec_stats=counters, depth=depth)
+            spec_stats=counters)
 
 
 class TextStream:

@@ -130,12 +130,12 @@ class Request:
             yield event
 
 
-def _spec_counts(stats, row: int, depth: int) -> SpecCounts | None:
+def _spec_counts(stats, row: int) -> SpecCounts | None:
     """Row `row` of a SpecStats (host or device arrays), or None for plain decoding."""
     if stats is None:
         return None
-    steps = int(np.asarray(stats.steps)[row])
-    return SpecCounts(drafts=steps, draft_tokens=steps * depth, accepted=int(np.asarray(stats.accepted)[row]),
+    return SpecCounts(drafts=int(np.asarray(stats.steps)[row]), draft_tokens=int(np.asarray(stats.drafted)[row]),
+                      accepted=int(np.asarray(stats.accepted)[row]),
                       per_position=[int(x) for x in np.asarray(stats.per_position)[row]])
 
 
@@ -210,7 +210,7 @@ class BatcherEngine:
         req.push(Delta(res.texts[r], len(toks)))
         req.push(Done(_FINISH[res.finish_reasons[r]], res.prompt_tokens[r], len(toks),
                       out.queue_s + res.ttft_s, now - req.arrived,
-                      _spec_counts(res.spec_stats, r, res.depth),
+                      _spec_counts(res.spec_stats, r),
                       {"batch_size": out.batch_size, "queue_s": out.queue_s,
                        "tokens_per_s": len(toks) / max(res.wall_s, 1e-9)}))
 
@@ -274,7 +274,7 @@ class BatcherEngine:
             reason = _FINISH[gen._finish_reason(len(ids[0]), toks)]
         stats = state.stats if lc.speculative else None
         req.push(Done(reason, len(ids[0]), text.tokens, ttft, time.monotonic() - req.arrived,
-                      _spec_counts(stats, 0, gen.spec.depth if stats is not None else 0)))
+                      _spec_counts(stats, 0)))
 
 
 class _StreamText:

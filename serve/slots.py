@@ -30,15 +30,16 @@ construction (`info()["warmup_s"]`); a longer prompt compiles its bucket on arri
 
 Whether the engine has a drafter is fixed at construction (by default
 `Generator.speculates(slots)`, i.e. `disable_by_batch_size`). With one, each
-step either drafts or is plain (`loop.step(..., draft=False)`: the target
-alone, the drafter kept in step), by `_DraftPolicy`: tokens a row per
-drafting step (measured) over a drafting step's measured time, against one
-token a row over a plain step's, per row bucket, as vLLM and SGLang lower
-speculation under load. `adaptive=False` drafts at every step.
+step drafts at a depth `_DraftPolicy` picks (`loop.step(..., depth=d)`: the
+configured depth D, a shallower `SpecConfig.at_depth`, or 0, a plain step
+that keeps the drafter in step): the depth whose expected tokens a row
+(from the measured acceptance at each position) over its measured step time
+is highest for the row bucket, as vLLM and SGLang lower speculation under
+load. `adaptive=False` drafts at depth D at every step.
 
 Not yet here (issue 18, item 1): chunked prefill of newcomers while others
 decode (a newcomer's prefill now stalls the running rows), a draft depth per
-row (the choice is for the whole step), and `Generator.generate` on this engine.
+row (the depth is chosen for the whole step), and `Generator.generate` on this engine.
 """
 
 from __future__ import annotations
@@ -113,18 +114,19 @@ class SlotEngine:
         self._waiting: deque[Request] = deque()
         self._rows: dict[int, _Row] = {}  # slot -> its row (touched by the loop thread only)
         self._running = 0
-        self.steps = {"draft": 0, "plain": 0}  # steps taken by kind (the loop thread's count)
+        self.steps: dict[int, int] = {}  # steps taken by draft depth, 0 = plain (the loop thread's count)
         self._policy = None  # _DraftPolicy once warm-up has timed the steps (adaptive with a drafter)
         self._wake = threading.Condition()
         self.closed = False
         t0 = time.perf_counter()
         self._shapes = self._state_shapes()
         self._state = self._empty()
+        self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
         adaptive = adaptive and self.lc.speculative
-        self.warm_buckets, costs = self._warm_up(warm_prompt_tokens, (True, False) if adaptive else
-                                                 (self.lc.speculative,))
+        depths = (0,) + _depths(self.depth) if adaptive else (self.depth,)
+        self.warm_buckets, costs = self._warm_up(warm_prompt_tokens, depths)
         if adaptive:
-            self._policy = _DraftPolicy(costs)
+            self._policy = _DraftPolicy(costs, self.depth)
         self.warmup_s = time.perf_counter() - t0
         self._thread = threading.Thread(target=self._loop, name="eagle-jax-slots", daemon=True)
         self._thread.start()
@@ -135,7 +137,7 @@ class SlotEngine:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets,
-                "adaptive": self._policy is not None, "steps": dict(self.steps)}
+                "adaptive": self._policy is not None, "steps": {str(d): n for d, n in sorted(self.steps.items())}}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)
@@ -206,11 +208,11 @@ class SlotEngine:
         top = max(self._rows) + 1
         return next(b for b in self.row_buckets if b >= top)
 
-    def _step(self, rows: int, draft: bool) -> float:
-        """One step over the first `rows` slots, drafting or plain; returns its seconds."""
+    def _step(self, rows: int, depth: int) -> float:
+        """One step over the first `rows` slots, drafting `depth` levels (0: plain); returns its seconds."""
         t0 = time.perf_counter()
         self._state = loop.step_rows_jit(self.gen.target_params, self._dparams, self._vocab, self._state,
-                                         lc=self.lc, rows=rows, draft=draft)
+                                         lc=self.lc, rows=rows, depth=depth)
         jax.block_until_ready(self._state.num_generated)
         return time.perf_counter() - t0
 
@@ -220,11 +222,11 @@ class SlotEngine:
             mask[slots] = True
             self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
-    def _warm_up(self, prompt_tokens: int, kinds: tuple[bool, ...]) -> tuple[list[int], dict]:
+    def _warm_up(self, prompt_tokens: int, depths: tuple[int, ...]) -> tuple[list[int], dict]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
-        the step of each row bucket and kind (`draft` values; with two, each timed on a second run),
-        the read and the finish. Returns the prompt buckets and {(rows, draft): seconds} (empty with
-        one kind); leaves every slot free."""
+        the step of each row bucket and draft depth (with several depths, each timed on a second run),
+        the read and the finish. Returns the prompt buckets and {(rows, depth): seconds} (empty with
+        one depth); leaves every slot free."""
         chunk = self.gen.prefill_chunk
         limit = min(prompt_tokens, self.context_limit - 1)
         buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
@@ -233,10 +235,10 @@ class SlotEngine:
             self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
         costs = {}
         for rows in self.row_buckets:
-            for draft in kinds:
-                self._step(rows, draft)
-                if len(kinds) > 1:
-                    costs[rows, draft] = self._step(rows, draft)
+            for depth in depths:
+                self._step(rows, depth)
+                if len(depths) > 1:
+                    costs[rows, depth] = self._step(rows, depth)
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
@@ -263,12 +265,12 @@ class SlotEngine:
             self._observe()
         if self._rows:
             rows = self._bucket()
-            draft = self._policy.choose(rows) if self._policy else self.lc.speculative
-            seconds = self._step(rows, draft)
-            self.steps["draft" if draft else "plain"] += 1
-            per_row = self._observe()
+            depth = self._policy.choose(rows) if self._policy else self.depth
+            seconds = self._step(rows, depth)
+            self.steps[depth] = self.steps.get(depth, 0) + 1
+            counts = self._observe()
             if self._policy:
-                self._policy.observe(rows, draft, seconds, per_row)
+                self._policy.observe(rows, depth, seconds, counts)
 
     def _admit(self) -> bool:
         """Prefill waiting requests into free slots; drop cancelled ones. Whether any was admitted."""
@@ -289,9 +291,9 @@ class SlotEngine:
             self._state = loop.insert_jit(self._state, self._prefill(req.prompt_ids, req.sampling), slot)
             admitted = True
 
-    def _observe(self) -> float | None:
+    def _observe(self) -> list[int]:
         """Read every row's new tokens; push their text; end the rows that are over. Returns the
-        mean new tokens of the rows that emitted any (None: none did)."""
+        new token counts of the rows that emitted any."""
         start = np.zeros((self.slots,), np.int32)
         for slot, row in self._rows.items():
             start[slot] = len(row.toks)
@@ -317,7 +319,7 @@ class SlotEngine:
             self._running -= len(ended)
         for req, event in zip(reqs, ended.values()):
             req.push(event)
-        return sum(counts) / len(counts) if counts else None
+        return counts
 
     def _done(self, row: _Row, device_done: bool, stats, now: float) -> Done:
         if row.text.stopped:
@@ -326,7 +328,7 @@ class SlotEngine:
             reason = "abort"
         else:
             reason = _FINISH[self.gen._finish_reason(row.prompt_len, row.toks)]
-        spec = _spec_counts(stats, row.slot, self.lc.spec.depth) if self.lc.speculative else None
+        spec = _spec_counts(stats, row.slot) if self.lc.speculative else None
         extra = {"slot": row.slot, "batch_size": row.most_rows, "queue_s": row.admitted - row.req.arrived,
                  "tokens_per_s": row.text.tokens / max(now - row.admitted, 1e-9)}
         return Done(reason, row.prompt_len, row.text.tokens, row.ttft_s, now - row.req.arrived, spec, extra)
@@ -352,35 +354,55 @@ class SlotEngine:
         return reqs
 
 
+def _depths(deepest: int) -> tuple[int, ...]:
+    """The draft depths an adaptive engine compiles: 1, 2, 4, ... below `deepest`, and `deepest`."""
+    return tuple(sorted({1 << i for i in range(deepest.bit_length()) if 1 << i < deepest} | {deepest}))
+
+
 class _DraftPolicy:
-    """Whether a step drafts: the expected tokens per second of a drafting step
-    (`gain`, tokens a row per drafting step, a running mean) against a plain
-    step's (one token a row), each over its measured seconds for the row
-    bucket (running means, seeded by the warm-up's timings). While plain
-    steps win, one step in `probe` drafts anyway, so `gain` follows the rows
-    running now. Until a drafting step has been measured, steps draft."""
+    """The draft depth of each step (0: plain), by expected tokens per second.
 
-    def __init__(self, costs: dict[tuple[int, bool], float], probe: int = 16, keep: float = 0.8):
+    A step at depth d over a row bucket takes `cost[rows, d]` seconds (running
+    means, seeded by the warm-up's timings) and emits 1 + accept[0] + ... +
+    accept[d-1] tokens a row, where accept[i] is the running fraction of rows
+    that accepted more than i drafts at steps that drafted past position i
+    (a chain truncated to d tokens accepts min(accepted, d)). Until a drafting
+    step has been measured, steps draft at the deepest depth. While shallower
+    steps win, one deepest step measures every position's acceptance again
+    after `probe` of them, then after twice as many each time (up to 8x).
+    """
+
+    def __init__(self, costs: dict[tuple[int, int], float], deepest: int, probe: int = 16, keep: float = 0.8):
         self.cost = dict(costs)
-        self.gain: float | None = None
-        self.probe, self.keep = probe, keep
-        self._plain_run = 0
+        self.depths = sorted({d for _, d in costs})
+        self.deepest, self.probe, self.keep = deepest, probe, keep
+        self.accept: list[float | None] = [None] * deepest
+        self._shallow_run, self._wait = 0, probe
 
-    def choose(self, rows: int) -> bool:
-        if self.gain is None or self.gain * self.cost[rows, False] >= self.cost[rows, True]:
-            self._plain_run = 0
-            return True
-        self._plain_run += 1
-        if self._plain_run >= self.probe:
-            self._plain_run = 0
-            return True
-        return False
+    def tokens(self, depth: int) -> float:
+        """Expected tokens a row from a step at `depth`."""
+        return 1.0 + sum(self.accept[:depth])
 
-    def observe(self, rows: int, draft: bool, seconds: float, per_row: float | None) -> None:
+    def choose(self, rows: int) -> int:
+        if self.accept[0] is None:
+            return self.deepest
+        best = max(self.depths, key=lambda d: self.tokens(d) / self.cost[rows, d])
+        if best == self.deepest:
+            self._shallow_run, self._wait = 0, self.probe
+            return best
+        self._shallow_run += 1
+        if self._shallow_run < self._wait:
+            return best
+        self._shallow_run, self._wait = 0, min(2 * self._wait, 8 * self.probe)
+        return self.deepest
+
+    def observe(self, rows: int, depth: int, seconds: float, counts: list[int]) -> None:
+        """A step at `depth` took `seconds`; `counts`: new tokens of each row that emitted any."""
         mean = lambda old, new: new if old is None else self.keep * old + (1 - self.keep) * new
-        self.cost[rows, draft] = mean(self.cost[rows, draft], seconds)
-        if draft and per_row is not None:
-            self.gain = mean(self.gain, per_row)
+        self.cost[rows, depth] = mean(self.cost[rows, depth], seconds)
+        if depth and counts:
+            for i in range(depth):
+                self.accept[i] = mean(self.accept[i], sum(c - 1 > i for c in counts) / len(counts))
 
 
 def _params(s: Sampling) -> SamplingParams:

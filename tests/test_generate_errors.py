@@ -129,6 +129,17 @@ def test_largest_tree_envelope_is_accepted():
     assert SpecConfig(method="tree", tree_top_k=2, tree_depth=2, tree_total_tokens=7).total_tokens == 7
 
 
+def test_shallower_drafts_keep_the_envelope():
+    chain = SpecConfig("chain", num_speculative_tokens=3)
+    tree = SpecConfig("tree", tree_top_k=4, tree_depth=3, tree_total_tokens=12)
+    assert chain.at_depth(1).total_tokens == 2 and chain.at_depth(3) == chain
+    # A one-level tree holds the root and its 4 children; deeper ones keep the 12 tokens.
+    assert [(tree.at_depth(d).depth, tree.at_depth(d).total_tokens) for d in (1, 2, 3)] == [(1, 5), (2, 12), (3, 12)]
+    for bad in (0, 4):
+        with pytest.raises(ConfigError, match=rf"a draft depth must be in \[1, 3\], got {bad}"):
+            tree.at_depth(bad)
+
+
 @pytest.mark.parametrize("kw", [dict(tree_top_k=0), dict(tree_depth=0)])
 def test_tree_needs_width_and_depth(kw):
     with pytest.raises(ConfigError, match=r"tree_top_k and tree_depth must be >= 1"):

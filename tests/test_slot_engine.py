@@ -306,27 +306,27 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(plain, monkeypa
     _check_alone(gen, PROMPTS[2], 8, text, done)
 
 
-class _Alternate:
-    """A draft policy that drafts every other step and records what it was told."""
+class _Cycle:
+    """A draft policy that cycles through the deepest depth, plain and depth 1, recording what it was told."""
 
-    def __init__(self):
-        self.n, self.seen = 0, []
+    def __init__(self, deepest):
+        self.order, self.n, self.seen = [deepest, 0, 1], 0, []
 
     def choose(self, rows):
         self.n += 1
-        return self.n % 2 == 1
+        return self.order[self.n % 3]
 
-    def observe(self, rows, draft, seconds, per_row):
-        self.seen.append((rows, draft, per_row))
+    def observe(self, rows, depth, seconds, counts):
+        self.seen.append((rows, depth, counts))
 
 
-def test_steps_that_switch_between_drafting_and_plain(chain, monkeypatch):
-    """Plain steps keep the drafter in step: the answers still equal each prompt alone, and the
-    drafting steps after plain ones are still accepted."""
+def test_steps_that_change_the_draft_depth(chain, monkeypatch):
+    """Plain and shallower steps keep the drafter in step: the answers still equal each prompt alone,
+    and the drafting steps after them are still accepted."""
     gen, engine = chain
-    policy = _Alternate()
+    policy = _Cycle(gen.spec.depth)
     monkeypatch.setattr(engine, "_policy", policy)
-    before = dict(engine.steps)
+    before = dict(engine.info()["steps"])
 
     async def both():
         return await asyncio.gather(*[_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=24), stream=True))
@@ -335,21 +335,29 @@ def test_steps_that_switch_between_drafting_and_plain(chain, monkeypatch):
     outs = asyncio.run(both())
     for p, (text, done) in zip(PROMPTS[:2], outs):
         _check_alone(gen, p, 24, text, done)
-    assert engine.steps["draft"] > before["draft"] and engine.steps["plain"] > before["plain"]
+    after = engine.info()["steps"]
+    assert all(after.get(str(d), 0) > before.get(str(d), 0) for d in policy.order)
     assert sum(done.spec.accepted for _, done in outs) > 0
-    assert {d for _, d, _ in policy.seen} == {True, False}
-    assert all(r is None or (d and 1 <= r <= gen.spec.depth + 1) or (not d and r == 1) for _, d, r in policy.seen)
+    assert {d for _, d, _ in policy.seen} == set(policy.order)
+    assert all(1 <= c <= d + 1 for _, d, counts in policy.seen for c in counts)
+    assert all(c == 1 for _, d, counts in policy.seen if d == 0 for c in counts)
+    # Each request's draft tokens are the sum of its steps' depths: more than one a step, fewer than the deepest.
+    for _, done in outs:
+        assert done.spec.drafts < done.spec.draft_tokens < done.spec.drafts * gen.spec.depth
 
 
-def test_draft_policy_weighs_measured_tokens_per_second():
-    costs = {(1, True): 0.030, (1, False): 0.020, (4, True): 0.090, (4, False): 0.030}
-    policy = _DraftPolicy(costs, probe=4)
-    assert policy.choose(4)  # nothing measured yet: draft
-    policy.observe(4, True, 0.090, 2.0)  # 2 tokens a row in 90 ms against 1 in 30 ms: plain wins at 4 rows
-    assert policy.choose(1)  # 2 / 30 ms against 1 / 20 ms: drafting wins at 1 row
-    assert [policy.choose(4) for _ in range(8)] == [False, False, False, True] * 2  # a probe every 4th step
-    policy.observe(4, False, 0.200, 1.0)  # plain steps turn slow: the running mean moves towards it
-    assert policy.cost[4, False] == pytest.approx(0.8 * 0.030 + 0.2 * 0.200)
+def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
+    costs = {(1, 0): 0.020, (1, 1): 0.025, (1, 2): 0.030, (4, 0): 0.030, (4, 1): 0.060, (4, 2): 0.090}
+    policy = _DraftPolicy(costs, deepest=2, probe=4)
+    assert policy.choose(4) == 2  # nothing measured yet: the deepest
+    policy.observe(4, 2, 0.090, [3, 2, 1, 2])  # accept: 3/4 rows past position 0, 1/4 past position 1
+    assert policy.accept == [0.75, 0.25]
+    # 4 rows: 1 / 30 ms, 1.75 / 60 ms, 2 / 90 ms; 1 row: 1 / 20 ms, 1.75 / 25 ms, 2.0 / 30 ms.
+    assert [policy.choose(4) for _ in range(12)] == [0, 0, 0, 2] + [0] * 7 + [2]  # probes after 4, then 8
+    assert policy.choose(1) == 1
+    policy.observe(4, 0, 0.200, [1, 1])  # plain steps turn slow: the running mean moves towards it
+    assert policy.cost[4, 0] == pytest.approx(0.8 * 0.030 + 0.2 * 0.200)
     for _ in range(10):
-        policy.observe(4, True, 0.090, 4.0)  # the rows now accept more
-    assert policy.choose(4)
+        policy.observe(4, 2, 0.060, [3, 3, 3, 3])  # the rows now accept every draft, and the step is cheaper
+    assert policy.choose(4) == 2
+    assert policy.accept[1] > 0.85

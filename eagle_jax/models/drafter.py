@@ -127,19 +127,19 @@ def head(params, cfg: DrafterConfig, h, *, impl: str = "auto"):
     return logits, feedback
 
 
-def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
-         embed=None, mask=None, slot_mask=None, logits_at=None, impl: str = "auto"):
-    """One drafter layer pass over T new positions per row.
+def forward(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
+            embed=None, mask=None, slot_mask=None, impl: str = "auto"):
+    """One drafter layer pass over T new positions per row, without the head.
 
     tokens [B, T] int32 (target ids: the token *after* each position), hidden
     [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
     when None); `slot_mask` [B, T, S] over the cache slots written before this
     call (default: the committed ones). `embed` [V, H] is the target's
-    embedding, required when the checkpoint has none. `logits_at` [B] int32
-    computes the logits at one position per row only (then [B, 1, Vd]).
+    embedding, required when the checkpoint has none.
     With `cfg.sliding_window` both masks also drop keys at or before
     position - window (a cache slot's position is its index).
-    Returns (draft logits float32 [B, T, Vd], feedback [B, T, H], cache).
+    Returns (h [B, T, H], the layer's output before the final norm, and the
+    cache); `head(h)` gives the draft logits and the feedback.
 
     The new K/V are written at slots `cache.lengths + t` but not committed: the
     returned cache has the same `lengths`, and the caller commits what it keeps
@@ -169,7 +169,16 @@ def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, 
         out = attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
         return out, cache.write(k[None], v[None], impl=impl)
 
-    h, cache = layer_forward(params, cfg, tokens, hidden, positions, attend, embed=embed, impl=impl)
+    return layer_forward(params, cfg, tokens, hidden, positions, attend, embed=embed, impl=impl)
+
+
+def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
+         embed=None, mask=None, slot_mask=None, logits_at=None, impl: str = "auto"):
+    """`forward`, then the head: (draft logits float32 [B, T, Vd], feedback
+    [B, T, H], cache). `logits_at` [B] int32 computes the logits at one
+    position per row only (then [B, 1, Vd])."""
+    h, cache = forward(params, cfg, tokens, hidden, positions, cache, embed=embed, mask=mask,
+                       slot_mask=slot_mask, impl=impl)
     logits, _ = head(params, cfg, h if logits_at is None else
                      jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
     _, feedback = head(params, cfg, h, impl=impl) if cfg.norm_output else (None, h)

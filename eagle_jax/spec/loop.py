@@ -71,8 +71,7 @@ class DecodeState:
     tcache: KVCache
     dcache: KVCache | None
     pending: jax.Array  # [B] last emitted token, not yet in the target cache
-    root_logits: jax.Array | None  # [B, Vd] drafter prediction of the token after `pending`
-    root_feedback: jax.Array | None  # [B, H] the drafter feedback that produced it
+    root_hidden: jax.Array | None  # [B, H] the drafter's output whose head predicts the token after `pending`
     out: jax.Array  # [B, W] generated tokens
     num_generated: jax.Array  # [B]
     done: jax.Array  # [B] bool
@@ -157,7 +156,7 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
     keys, sub = split_keys(keys, 2)
     first = sample(sub, last_logits, sampling, impl=lc.impl)
     state = DecodeState(
-        tcache=tcache, dcache=None, pending=first, root_logits=None, root_feedback=None,
+        tcache=tcache, dcache=None, pending=first, root_hidden=None,
         out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
         done=jnp.zeros((b,), bool), prompt_len=prompt_len.astype(jnp.int32),
         max_new=max_new.astype(jnp.int32), keys=keys, sampling=sampling,
@@ -178,17 +177,12 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
     def body(dcache, xs):
         tok, pos, feats = xs
         h = drafter.project_features(dparams, dcfg, feats, impl=lc.impl)
-        logits, feedback, dcache = drafter.step(
-            dparams, dcfg, tok, h, pos, dcache, embed=tparams["embed"],
-            logits_at=jnp.clip(prompt_len - 1 - pos[:, 0], 0, c - 1), impl=lc.impl)
-        return dcache.commit(jnp.full((b,), c, jnp.int32)), (logits[:, 0], feedback)
+        out, dcache = drafter.forward(dparams, dcfg, tok, h, pos, dcache, embed=tparams["embed"], impl=lc.impl)
+        return dcache.commit(jnp.full((b,), c, jnp.int32)), _last(out, jnp.clip(prompt_len - 1 - pos[:, 0], 0, c - 1))
 
-    dcache, (chunk_logits, feedback) = jax.lax.scan(body, dcache, (split(dtokens), split(positions), split(aux)))
-    last_chunk = (prompt_len - 1) // c
-    root_logits = chunk_logits[last_chunk, jnp.arange(b)]
-    feedback = feedback.swapaxes(0, 1).reshape(b, p, -1)
-    return state.replace(dcache=dcache.replace(lengths=prompt_len.astype(jnp.int32)),
-                         root_logits=root_logits, root_feedback=_last(feedback, prompt_len - 1))
+    dcache, chunk_out = jax.lax.scan(body, dcache, (split(dtokens), split(positions), split(aux)))
+    root_hidden = chunk_out[(prompt_len - 1) // c, jnp.arange(b)]
+    return state.replace(dcache=dcache.replace(lengths=prompt_len.astype(jnp.int32)), root_hidden=root_hidden)
 
 
 def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
@@ -215,32 +209,29 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
 def _roll_drafter(tparams, dparams, state: DecodeState, lc: LoopConfig, new_tokens, feats, base, m) -> DecodeState:
     """The drafter over a step's m [B] emitted tokens new_tokens [B, T] (T >= m),
     paired with the target's features feats [B, T, A*H] at positions base + j:
-    its cache gains those entries, and the last one's prediction becomes the root."""
-    rows = jnp.arange(new_tokens.shape[0])
+    its cache gains those entries, and the last one's output becomes the root
+    (its head runs when a step drafts from it: a plain step pays for none)."""
     with jax.named_scope("drafter"):
         positions = base[:, None] + jnp.arange(new_tokens.shape[1])[None]
-        logits, feedback, dcache = drafter.step(
+        out, dcache = drafter.forward(
             dparams, lc.drafter, new_tokens, drafter.project_features(dparams, lc.drafter, feats, impl=lc.impl),
-            positions, state.dcache, embed=tparams["embed"], logits_at=jnp.maximum(m - 1, 0), impl=lc.impl)
-    emitted = m > 0
-    last = jnp.maximum(m - 1, 0)
-    return state.replace(
-        dcache=dcache.commit(m),
-        root_logits=jnp.where(emitted[:, None], logits[:, 0], state.root_logits),
-        root_feedback=jnp.where(emitted[:, None], feedback[rows, last], state.root_feedback))
+            positions, state.dcache, embed=tparams["embed"], impl=lc.impl)
+    return state.replace(dcache=dcache.commit(m), root_hidden=jnp.where(
+        (m > 0)[:, None], _last(out, jnp.maximum(m - 1, 0)), state.root_hidden))
 
 
-def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> DecodeState:
-    """One speculative step; its parts carry the named scopes the step-cost
+def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig, spec: SpecConfig) -> DecodeState:
+    """One speculative step drafting as `spec` says (lc.spec or a shallower
+    `at_depth` of it); its parts carry the named scopes the step-cost
     breakdown reads (draft, target, accept, commit, drafter)."""
-    spec, dcfg = lc.spec, lc.drafter
+    dcfg = lc.drafter
     b = state.pending.shape[0]
     rows = jnp.arange(b)
     keys, k_draft, k_accept = split_keys(state.keys, 3)
     with jax.named_scope("draft"):
         draft, dcache = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending,
-                                       state.root_logits, state.root_feedback, state.dcache, spec,
-                                       state.sampling, k_draft, impl=lc.impl)
+                                       state.root_hidden, state.dcache, spec, state.sampling, k_draft,
+                                       impl=lc.impl)
     base = state.tcache.lengths
     with jax.named_scope("target"):
         hidden, tcache, aux = target.forward(
@@ -254,7 +245,7 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
         path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)
         new_tokens = jnp.where(j < n_acc[:, None], path_tokens, nxt[:, None])
         state, m = _emit(state.replace(keys=keys), lc, new_tokens, n_acc + 1)
-        stats = state.stats.record(m > 0, jnp.minimum(n_acc, m))
+        stats = state.stats.record(m > 0, jnp.minimum(n_acc, m), spec.depth)
     # Commit root + accepted path nodes (m of them) and roll the drafter over them.
     with jax.named_scope("commit"):
         tcache = tcache.compact(path, m, impl=lc.impl)
@@ -264,26 +255,28 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig) -> D
     return _roll_drafter(tparams, dparams, state, lc, new_tokens, feats, base, m)
 
 
-def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, draft: bool = True) -> DecodeState:
-    """One decoding step for every unfinished row: speculative when a drafter
-    is loaded and `draft`, else plain (keeping a loaded drafter in step)."""
-    if lc.speculative and draft:
-        return _spec_step(tparams, dparams, vocab, state, lc)
+def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, depth: int | None = None) -> DecodeState:
+    """One decoding step for every unfinished row. With a drafter loaded it
+    drafts `depth` levels (None: `lc.spec.depth`; fewer: `lc.spec.at_depth`),
+    or with depth 0 it is plain (the drafter kept in step); without one, plain."""
+    depth = lc.spec.depth if depth is None else depth
+    if lc.speculative and depth > 0:
+        return _spec_step(tparams, dparams, vocab, state, lc, lc.spec.at_depth(depth))
     return _plain_step(tparams, dparams, state, lc)
 
 
 def step_rows(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, rows: int,
-              draft: bool = True) -> DecodeState:
+              depth: int | None = None) -> DecodeState:
     """`step` over rows [0, rows) of the state only; the other rows are left
     as they are (a slot engine whose occupied slots are the first `rows`
     pays for those alone). With the native CPU kernels the caches are not
     copied: the step works on views of their first rows (`KVCache.head_rows`)."""
     if rows == state.pending.shape[0]:
-        return step(tparams, dparams, vocab, state, lc=lc, draft=draft)
+        return step(tparams, dparams, vocab, state, lc=lc, depth=depth)
     head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl)
     part = jax.tree.map(lambda x: x[:rows], state.replace(tcache=None, dcache=None))
     part = step(tparams, dparams, vocab, part.replace(tcache=head(state.tcache), dcache=head(state.dcache)),
-                lc=lc, draft=draft)
+                lc=lc, depth=depth)
     put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=0)
     rest = jax.tree.map(put, state.replace(tcache=None, dcache=None), part.replace(tcache=None, dcache=None))
     return rest.replace(tcache=state.tcache.put_head_rows(part.tcache),
@@ -321,7 +314,7 @@ def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
 
 prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
-step_jit = jax.jit(step, static_argnames=("lc", "draft"), donate_argnames=("state",))
-step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows", "draft"), donate_argnames=("state",))
+step_jit = jax.jit(step, static_argnames=("lc", "depth"), donate_argnames=("state",))
+step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows", "depth"), donate_argnames=("state",))
 insert_jit = jax.jit(insert, donate_argnames=("state",))
 finish_rows_jit = jax.jit(finish_rows, donate_argnames=("state",))

@@ -62,12 +62,12 @@ class DraftTree:
 
 
 def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_tokens,
-          root_logits, root_feedback, dcache: KVCache, spec: SpecConfig,
+          root_hidden, dcache: KVCache, spec: SpecConfig,
           sampling: SamplingParams | None, keys, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
     """Build the draft tree for each row; returns (tree, drafter cache).
 
-    root_tokens [B]; root_logits [B, Vd] the drafter's prediction of the token
-    after the root; root_feedback [B, H] the feedback that produced it;
+    root_tokens [B]; root_hidden [B, H] the drafter output whose head
+    predicts the token after the root (and gives the feedback for level 2);
     sampling: the rows' settings, None when every row is greedy (then a
     chain takes the top draft token); keys [B, 2] row keys (used by sampled
     chains only); dcache holds the drafter's committed context (lengths = target's).
@@ -83,6 +83,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     target_ids = vocab.target_ids
     sampled_chain = spec.method == "chain" and sampling is not None
     level_keys = split_keys(keys, depth)  # [depth, B, 2]
+    root_logits, root_feedback = drafter.head(dparams, dcfg, root_hidden, impl=impl)
 
     def propose(logits, level_key):
         """Draft logits [B, F, Vd] -> (scores [B, F, k], draft ids [B, F, k], q [B, F, V] | None)."""

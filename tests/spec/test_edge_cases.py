@@ -17,7 +17,7 @@ CHAIN = SpecConfig("chain", num_speculative_tokens=4)
 def _state(gen, max_new, prompt_len, done=False):
     b = len(gen)
     return loop.DecodeState(
-        tcache=None, dcache=None, pending=jnp.zeros((b,), jnp.int32), root_logits=None, root_feedback=None,
+        tcache=None, dcache=None, pending=jnp.zeros((b,), jnp.int32), root_hidden=None,
         out=jnp.zeros((b, 16), jnp.int32), num_generated=jnp.asarray(gen, jnp.int32),
         done=jnp.full((b,), done), prompt_len=jnp.asarray(prompt_len, jnp.int32),
         max_new=jnp.asarray(max_new, jnp.int32), keys=jnp.zeros((b, 2), jnp.uint32), sampling=None,
