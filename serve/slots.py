@@ -224,9 +224,9 @@ class SlotEngine:
 
     def _warm_up(self, prompt_tokens: int, depths: tuple[int, ...]) -> tuple[list[int], dict]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
-        the step of each row bucket and draft depth (with several depths, each timed on a second run),
-        the read and the finish. Returns the prompt buckets and {(rows, depth): seconds} (empty with
-        one depth); leaves every slot free."""
+        the step of each row bucket and draft depth (with several depths, each then timed: the least
+        of three runs, as the first runs after a compile are slow), the read and the finish. Returns
+        the prompt buckets and {(rows, depth): seconds} (empty with one depth); leaves every slot free."""
         chunk = self.gen.prefill_chunk
         limit = min(prompt_tokens, self.context_limit - 1)
         buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
@@ -238,7 +238,7 @@ class SlotEngine:
             for depth in depths:
                 self._step(rows, depth)
                 if len(depths) > 1:
-                    costs[rows, depth] = self._step(rows, depth)
+                    costs[rows, depth] = min(self._step(rows, depth) for _ in range(3))
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
@@ -364,45 +364,52 @@ class _DraftPolicy:
 
     A step at depth d over a row bucket takes `cost[rows, d]` seconds (running
     means, seeded by the warm-up's timings) and emits 1 + accept[0] + ... +
-    accept[d-1] tokens a row, where accept[i] is the running fraction of rows
-    that accepted more than i drafts at steps that drafted past position i
-    (a chain truncated to d tokens accepts min(accepted, d)). Until a drafting
-    step has been measured, steps draft at the deepest depth. While shallower
-    steps win, one deepest step measures every position's acceptance again
-    after `probe` of them, then after twice as many each time (up to 8x).
+    accept[d-1] tokens a row, where accept[i] is the share of rows that
+    accepted more than i drafts at the steps that drafted past position i (a
+    chain cut to d tokens accepts min(accepted, d)), with Laplace's prior
+    ((hits + 1) / (trials + 2): one row a step at concurrency 1 is a noisy
+    sample) over counts that decay by `decay` a step, so they follow the rows
+    running now. While a shallower depth wins, a deepest step measures every
+    position again after `probe` of them, then after twice as many each time
+    (up to 8x), unless it could not win even if every draft were accepted.
     """
 
-    def __init__(self, costs: dict[tuple[int, int], float], deepest: int, probe: int = 16, keep: float = 0.8):
+    def __init__(self, costs: dict[tuple[int, int], float], deepest: int, probe: int = 16, keep: float = 0.8,
+                 decay: float = 0.95):
         self.cost = dict(costs)
         self.depths = sorted({d for _, d in costs})
-        self.deepest, self.probe, self.keep = deepest, probe, keep
-        self.accept: list[float | None] = [None] * deepest
+        self.deepest, self.probe, self.keep, self.decay = deepest, probe, keep, decay
+        self._hits, self._trials = [0.0] * deepest, [0.0] * deepest
         self._shallow_run, self._wait = 0, probe
+
+    @property
+    def accept(self) -> list[float]:
+        return [(h + 1) / (t + 2) for h, t in zip(self._hits, self._trials)]
 
     def tokens(self, depth: int) -> float:
         """Expected tokens a row from a step at `depth`."""
         return 1.0 + sum(self.accept[:depth])
 
     def choose(self, rows: int) -> int:
-        if self.accept[0] is None:
-            return self.deepest
         best = max(self.depths, key=lambda d: self.tokens(d) / self.cost[rows, d])
         if best == self.deepest:
             self._shallow_run, self._wait = 0, self.probe
             return best
         self._shallow_run += 1
-        if self._shallow_run < self._wait:
+        # No probe where even accepting every draft would not beat `best` (many rows: plain for good).
+        if self._shallow_run < self._wait or (self.deepest + 1) / self.cost[rows, self.deepest] < \
+                self.tokens(best) / self.cost[rows, best]:
             return best
         self._shallow_run, self._wait = 0, min(2 * self._wait, 8 * self.probe)
         return self.deepest
 
     def observe(self, rows: int, depth: int, seconds: float, counts: list[int]) -> None:
         """A step at `depth` took `seconds`; `counts`: new tokens of each row that emitted any."""
-        mean = lambda old, new: new if old is None else self.keep * old + (1 - self.keep) * new
-        self.cost[rows, depth] = mean(self.cost[rows, depth], seconds)
+        self.cost[rows, depth] = self.keep * self.cost[rows, depth] + (1 - self.keep) * seconds
         if depth and counts:
             for i in range(depth):
-                self.accept[i] = mean(self.accept[i], sum(c - 1 > i for c in counts) / len(counts))
+                self._hits[i] = self.decay * self._hits[i] + sum(c - 1 > i for c in counts)
+                self._trials[i] = self.decay * self._trials[i] + len(counts)
 
 
 def _params(s: Sampling) -> SamplingParams:

@@ -347,16 +347,19 @@ def test_steps_that_change_the_draft_depth(chain, monkeypatch):
 
 
 def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
-    costs = {(1, 0): 0.020, (1, 1): 0.025, (1, 2): 0.030, (4, 0): 0.030, (4, 1): 0.060, (4, 2): 0.090}
+    costs = {(1, 0): 0.020, (1, 1): 0.025, (1, 2): 0.032, (4, 0): 0.030, (4, 1): 0.060, (4, 2): 0.085}
     policy = _DraftPolicy(costs, deepest=2, probe=4)
-    assert policy.choose(4) == 2  # nothing measured yet: the deepest
-    policy.observe(4, 2, 0.090, [3, 2, 1, 2])  # accept: 3/4 rows past position 0, 1/4 past position 1
-    assert policy.accept == [0.75, 0.25]
-    # 4 rows: 1 / 30 ms, 1.75 / 60 ms, 2 / 90 ms; 1 row: 1 / 20 ms, 1.75 / 25 ms, 2.0 / 30 ms.
+    assert policy.accept == [0.5, 0.5]  # nothing measured: Laplace's prior
+    policy.observe(4, 2, 0.090, [3, 2, 1, 2])  # 3 of 4 rows accepted past position 0, 1 of 4 past position 1
+    assert policy.accept == pytest.approx([4 / 6, 2 / 6])
+    # 4 rows: 1 / 30 ms, 1.67 / 60 ms, 2 / 85 ms (3 / 85 ms if all were accepted); 1 row: 1 / 20, 1.67 / 25, 2 / 32.
     assert [policy.choose(4) for _ in range(12)] == [0, 0, 0, 2] + [0] * 7 + [2]  # probes after 4, then 8
     assert policy.choose(1) == 1
+    slow = _DraftPolicy({(16, 0): 0.060, (16, 2): 0.200}, deepest=2, probe=4)  # 3 / 200 ms < 1 / 60 ms
+    assert [slow.choose(16) for _ in range(12)] == [0] * 12  # no probe can pay: none is made
     policy.observe(4, 0, 0.200, [1, 1])  # plain steps turn slow: the running mean moves towards it
     assert policy.cost[4, 0] == pytest.approx(0.8 * 0.030 + 0.2 * 0.200)
+    assert policy.accept == pytest.approx([4 / 6, 2 / 6])  # plain steps say nothing of acceptance
     for _ in range(10):
         policy.observe(4, 2, 0.060, [3, 3, 3, 3])  # the rows now accept every draft, and the step is cheaper
     assert policy.choose(4) == 2
