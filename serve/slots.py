@@ -31,11 +31,14 @@ construction (`info()["warmup_s"]`); a longer prompt compiles its bucket on arri
 Whether the engine has a drafter is fixed at construction (by default
 `Generator.speculates(slots)`, i.e. `disable_by_batch_size`). With one, each
 step drafts at a depth `_DraftPolicy` picks (`loop.step(..., depth=d)`: the
-configured depth D, a shallower `SpecConfig.at_depth`, or 0, a plain step
-that keeps the drafter in step): the depth whose expected tokens a row
-(from the measured acceptance at each position) over its measured step time
-is highest for the row bucket, as vLLM and SGLang lower speculation under
-load. `adaptive=False` drafts at depth D at every step.
+configured depth D, a shallower `SpecConfig.at_depth`, or 0, a plain step):
+the depth whose expected tokens a row (from the measured acceptance at each
+position) over its measured step time is highest for the row bucket, as
+vLLM and SGLang lower speculation under load. Plain steps do no drafter
+work: they keep the target's features (`LoopConfig.catch_up_width`), and
+the drafter catches up over them (`loop.catch_up`, 16 positions a call)
+before the next drafting step, so under load, where plain steps win for
+good, speculation costs nothing. `adaptive=False` drafts at depth D at every step.
 
 Not yet here (issue 18, item 1): chunked prefill of newcomers while others
 decode (a newcomer's prefill now stalls the running rows), a draft depth per
@@ -61,6 +64,8 @@ from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 
 __all__ = ["SlotEngine"]
+
+CATCH_UP_WIDTH = 16  # positions a lagging drafter catches up per call (one program per row bucket)
 
 _keys_jit = jax.jit(row_keys)
 
@@ -98,7 +103,10 @@ class SlotEngine:
         if slots < 1:
             raise ValueError(f"need slots >= 1, got {slots}")
         speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
-        lc = gen._loop_config(speculative)
+        adaptive = adaptive and speculative
+        # Plain steps of an adaptive engine leave the drafter behind (no drafter work while plain
+        # steps win); it catches up, CATCH_UP_WIDTH positions a call, before the next drafting step.
+        lc = dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if adaptive else 0)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
         self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - lc.cache_scratch))
         if self.lc.context_limit < 16:
@@ -115,6 +123,8 @@ class SlotEngine:
         self._rows: dict[int, _Row] = {}  # slot -> its row (touched by the loop thread only)
         self._running = 0
         self.steps: dict[int, int] = {}  # steps taken by draft depth, 0 = plain (the loop thread's count)
+        self.catch_ups = 0  # catch_up calls (the loop thread's count)
+        self._behind = 0  # plain steps since the drafter last caught up: no row lags it by more
         self._policy = None  # _DraftPolicy once warm-up has timed the steps (adaptive with a drafter)
         self._wake = threading.Condition()
         self.closed = False
@@ -122,7 +132,6 @@ class SlotEngine:
         self._shapes = self._state_shapes()
         self._state = self._empty()
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
-        adaptive = adaptive and self.lc.speculative
         depths = (0,) + _depths(self.depth) if adaptive else (self.depth,)
         self.warm_buckets, costs = self._warm_up(warm_prompt_tokens, depths)
         if adaptive:
@@ -137,7 +146,8 @@ class SlotEngine:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets,
-                "adaptive": self._policy is not None, "steps": {str(d): n for d, n in sorted(self.steps.items())}}
+                "adaptive": self._policy is not None, "steps": {str(d): n for d, n in sorted(self.steps.items())},
+                "catch_ups": self.catch_ups}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)
@@ -189,7 +199,9 @@ class SlotEngine:
     def _empty(self) -> loop.DecodeState:
         """Every slot free: an all-done state of zeros."""
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._shapes)
-        return zeros.replace(done=jnp.ones((self.slots,), bool))
+        self._behind = 0
+        return zeros.replace(done=jnp.ones((self.slots,), bool),
+                             feats=loop.create_feats(self.lc, self.slots, self.max_len))
 
     def _prefill(self, ids: list[int], s: Sampling) -> loop.DecodeState:
         """One request's one-row state: prompt through target (and drafter), first token emitted."""
@@ -209,11 +221,19 @@ class SlotEngine:
         return next(b for b in self.row_buckets if b >= top)
 
     def _step(self, rows: int, depth: int) -> float:
-        """One step over the first `rows` slots, drafting `depth` levels (0: plain); returns its seconds."""
+        """One step over the first `rows` slots, drafting `depth` levels (0: plain), the drafter
+        first caught up if plain steps left it behind; returns the step's seconds."""
+        while depth and self._behind > 0:
+            self._state = loop.catch_up_rows_jit(self.gen.target_params, self._dparams, self._state,
+                                                 lc=self.lc, rows=rows)
+            self._behind -= self.lc.catch_up_width
+            self.catch_ups += 1
         t0 = time.perf_counter()
         self._state = loop.step_rows_jit(self.gen.target_params, self._dparams, self._vocab, self._state,
                                          lc=self.lc, rows=rows, depth=depth)
         jax.block_until_ready(self._state.num_generated)
+        if self.lc.catch_up_width:
+            self._behind = self._behind + 1 if depth == 0 else 0
         return time.perf_counter() - t0
 
     def _finish(self, slots: list[int]) -> None:
@@ -225,7 +245,8 @@ class SlotEngine:
     def _warm_up(self, prompt_tokens: int, depths: tuple[int, ...]) -> tuple[list[int], dict]:
         """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
         the step of each row bucket and draft depth (with several depths, each then timed: the least
-        of three runs, as the first runs after a compile are slow), the read and the finish. Returns
+        of three runs, as the first runs after a compile are slow; the first drafting step after plain
+        ones also compiles the catch-up), the read and the finish. Returns
         the prompt buckets and {(rows, depth): seconds} (empty with one depth); leaves every slot free."""
         chunk = self.gen.prefill_chunk
         limit = min(prompt_tokens, self.context_limit - 1)

@@ -32,7 +32,7 @@ SLOTS = 3
 
 def _engine(gen):
     # Drafting at every step (adaptive=False): the tests below check the drafts' statistics;
-    # test_steps_that_switch_between_drafting_and_plain checks the switching.
+    # test_steps_that_change_the_draft_depth checks an adaptive engine's switching.
     return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, adaptive=False,
                       warm_prompt_tokens=16)
 
@@ -320,13 +320,24 @@ class _Cycle:
         self.seen.append((rows, depth, counts))
 
 
-def test_steps_that_change_the_draft_depth(chain, monkeypatch):
-    """Plain and shallower steps keep the drafter in step: the answers still equal each prompt alone,
-    and the drafting steps after them are still accepted."""
-    gen, engine = chain
+@pytest.fixture(scope="module")
+def adaptive(chain):
+    """An adaptive engine (its plain steps leave the drafter behind) on the chain fixture's Generator."""
+    gen, _ = chain
+    engine = SlotEngine(gen, slots=2, max_len=256, warm_prompt_tokens=16, speculative=True)
+    yield gen, engine
+    engine.close()
+
+
+def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
+    """Plain steps leave the drafter behind and it catches up before the next drafting step; with
+    shallower steps between, the answers still equal each prompt alone, and the drafting steps after
+    plain ones are still accepted."""
+    gen, engine = adaptive
+    assert engine.lc.catch_up_width and engine.info()["adaptive"]
     policy = _Cycle(gen.spec.depth)
     monkeypatch.setattr(engine, "_policy", policy)
-    before = dict(engine.info()["steps"])
+    before, catch_ups = dict(engine.info()["steps"]), engine.info()["catch_ups"]
 
     async def both():
         return await asyncio.gather(*[_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=24), stream=True))
@@ -337,6 +348,7 @@ def test_steps_that_change_the_draft_depth(chain, monkeypatch):
         _check_alone(gen, p, 24, text, done)
     after = engine.info()["steps"]
     assert all(after.get(str(d), 0) > before.get(str(d), 0) for d in policy.order)
+    assert engine.info()["catch_ups"] > catch_ups  # the plain steps left the drafter behind
     assert sum(done.spec.accepted for _, done in outs) > 0
     assert {d for _, d, _ in policy.seen} == set(policy.order)
     assert all(1 <= c <= d + 1 for _, d, counts in policy.seen for c in counts)

@@ -11,7 +11,10 @@ distribution).
 Conventions: the *pending* token of a row has been emitted but is not yet in
 the target cache; it sits at position `tcache.lengths`. The drafter cache has
 the same committed length as the target cache: its entry at position t pairs
-the target's features at t with token t+1.
+the target's features at t with token t+1. With `LoopConfig.catch_up_width`
+(a slot engine that mixes plain and drafting steps) plain steps only keep
+the target's features (`DecodeState.feats`) and the drafter falls behind;
+`catch_up` brings it level before a drafting step.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class LoopConfig:
     context_limit: int  # a row stops when prompt + generated tokens reach it
     prefill_chunk: int = 512
     impl: str = "auto"
+    # > 0: plain steps store the target's features (`DecodeState.feats`) instead of
+    # rolling the drafter; `catch_up` rolls it over them, this many positions a call.
+    catch_up_width: int = 0
 
     @property
     def speculative(self) -> bool:
@@ -60,7 +66,7 @@ class LoopConfig:
         (the verified tokens, plus the tree drafter's scratch nodes)."""
         if not self.speculative:
             return 2
-        return self.spec.total_tokens + (self.spec.depth - 1) * self.spec.top_k + 2
+        return max(self.spec.total_tokens + (self.spec.depth - 1) * self.spec.top_k, self.catch_up_width) + 2
 
     def aux_layers(self) -> tuple[int, ...]:
         return self.drafter.aux_layer_ids if self.speculative else ()
@@ -80,6 +86,10 @@ class DecodeState:
     keys: jax.Array  # [B, 2] one PRNG key per row (spec/sampling.py)
     sampling: SamplingParams | None  # per-row settings; None: every row greedy
     stats: SpecStats
+    # [N, S, A*H] (lc.catch_up_width) the target's features by position, kept by plain steps
+    # for `catch_up`; rows [0, B) are this state's (N >= B: a step over a slot engine's
+    # first rows gets the whole buffer). None otherwise, and from `prefill` (a slot engine adds it).
+    feats: jax.Array | None = None
 
 
 def _emit(state: DecodeState, lc: LoopConfig, new_tokens, count):
@@ -141,6 +151,15 @@ def create_caches(lc: LoopConfig, batch: int, cache_len: int, dtype) -> tuple[KV
     return tcache, dcache
 
 
+def create_feats(lc: LoopConfig, batch: int, cache_len: int) -> jax.Array | None:
+    """`DecodeState.feats` for a lazy drafter (`lc.catch_up_width`), else None. In
+    float32, which holds bf16 features exactly (XLA's CPU backend scatters into a
+    bf16 buffer by converting the whole buffer to float32 and back, every step)."""
+    if not (lc.speculative and lc.catch_up_width):
+        return None
+    return jnp.zeros((batch, cache_len, len(lc.aux_layers()) * lc.target.hidden_size), jnp.float32)
+
+
 def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling: SamplingParams | None,
             tcache: KVCache, dcache: KVCache | None, *, lc: LoopConfig, out_width: int) -> DecodeState:
     """Prompt pass for target (and drafter); emits the first token.
@@ -189,7 +208,8 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
     """One token a row from the target alone. With a drafter (`lc.speculative`),
     the drafter still rolls forward over it with the target's features, so a
     later speculative step finds its cache and root prediction as if it had
-    drafted all along (a slot engine switches between the two per step)."""
+    drafted all along (a slot engine switches between the two per step); or,
+    with `lc.catch_up_width`, the features are kept for `catch_up` to do that later."""
     b = state.pending.shape[0]
     base = state.tcache.lengths
     with jax.named_scope("target"):
@@ -203,7 +223,28 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
     state = state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
     if not lc.speculative:
         return state
+    if lc.catch_up_width:  # the drafter stays behind; `catch_up` reads these
+        at = jnp.where(m > 0, base, state.feats.shape[1])  # finished rows write nothing
+        return state.replace(feats=state.feats.at[jnp.arange(b), at].set(aux[:, 0].astype(state.feats.dtype),
+                                                                           mode="drop"))
     return _roll_drafter(tparams, dparams, state, lc, nxt[:, None], aux, base, m)
+
+
+def catch_up(tparams, dparams, state: DecodeState, *, lc: LoopConfig) -> DecodeState:
+    """Roll a lazy drafter (`lc.catch_up_width` > 0) over up to that many of the
+    positions plain steps left it behind on, per row: those from `dcache.lengths`
+    on, with the features `feats` kept and the tokens emitted after them. Rows
+    that are level are unchanged; call it until every row is (then a step may draft)."""
+    b, width = state.pending.shape[0], lc.catch_up_width
+    base = state.dcache.lengths
+    m = jnp.clip(state.tcache.lengths - base, 0, width)
+    pos = base[:, None] + jnp.arange(width)[None]  # [B, W]
+    last = state.feats.shape[1] - 1
+    # Back to the dtype the target computed them in (its residual stream's, the embedding's): exact.
+    feats = state.feats[jnp.arange(b)[:, None], jnp.minimum(pos, last)].astype(tparams["embed"].dtype)
+    cols = jnp.clip(pos + 1 - state.prompt_len[:, None], 0, state.out.shape[1] - 1)
+    tokens = jnp.take_along_axis(state.out, cols, axis=1)  # the token after each position
+    return _roll_drafter(tparams, dparams, state, lc, tokens, feats, base, m)
 
 
 def _roll_drafter(tparams, dparams, state: DecodeState, lc: LoopConfig, new_tokens, feats, base, m) -> DecodeState:
@@ -269,17 +310,28 @@ def step_rows(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, ro
               depth: int | None = None) -> DecodeState:
     """`step` over rows [0, rows) of the state only; the other rows are left
     as they are (a slot engine whose occupied slots are the first `rows`
-    pays for those alone). With the native CPU kernels the caches are not
-    copied: the step works on views of their first rows (`KVCache.head_rows`)."""
+    pays for those alone)."""
+    return _on_rows(partial(step, tparams, dparams, vocab, lc=lc, depth=depth), state, rows, lc)
+
+
+def catch_up_rows(tparams, dparams, state: DecodeState, *, lc: LoopConfig, rows: int) -> DecodeState:
+    """`catch_up` over rows [0, rows) of the state only."""
+    return _on_rows(partial(catch_up, tparams, dparams, lc=lc), state, rows, lc)
+
+
+def _on_rows(fn, state: DecodeState, rows: int, lc: LoopConfig) -> DecodeState:
+    """fn(state) -> state over rows [0, rows), the other rows left as they are.
+    With the native CPU kernels the caches are not copied: fn works on views
+    of their first rows (`KVCache.head_rows`); `feats` goes whole."""
     if rows == state.pending.shape[0]:
-        return step(tparams, dparams, vocab, state, lc=lc, depth=depth)
+        return fn(state)
     head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl)
-    part = jax.tree.map(lambda x: x[:rows], state.replace(tcache=None, dcache=None))
-    part = step(tparams, dparams, vocab, part.replace(tcache=head(state.tcache), dcache=head(state.dcache)),
-                lc=lc, depth=depth)
+    whole = dict(tcache=None, dcache=None, feats=None)
+    part = jax.tree.map(lambda x: x[:rows], state.replace(**whole))
+    part = fn(part.replace(tcache=head(state.tcache), dcache=head(state.dcache), feats=state.feats))
     put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=0)
-    rest = jax.tree.map(put, state.replace(tcache=None, dcache=None), part.replace(tcache=None, dcache=None))
-    return rest.replace(tcache=state.tcache.put_head_rows(part.tcache),
+    rest = jax.tree.map(put, state.replace(**whole), part.replace(**whole))
+    return rest.replace(tcache=state.tcache.put_head_rows(part.tcache), feats=part.feats,
                         dcache=None if state.dcache is None else state.dcache.put_head_rows(part.dcache))
 
 
@@ -294,7 +346,9 @@ def insert(state: DecodeState, row: DecodeState, slot) -> DecodeState:
     one-row state `row` (batch 1, same cache length and output width).
 
     Every leaf of the slot is overwritten along its batch axis (axis 1 of the
-    caches' k/v, axis 0 elsewhere), so nothing of its previous row survives."""
+    caches' k/v, axis 0 elsewhere), so nothing of its previous row survives,
+    except `feats` (a prefilled row has none): `catch_up` reads a row's
+    features only where its plain steps wrote them."""
     def put(big, one, axis=0):
         return jax.lax.dynamic_update_slice_in_dim(big, one.astype(big.dtype), slot, axis)
 
@@ -303,8 +357,10 @@ def insert(state: DecodeState, row: DecodeState, slot) -> DecodeState:
             return None
         return big.replace(k=put(big.k, one.k, 1), v=put(big.v, one.v, 1), lengths=put(big.lengths, one.lengths))
 
-    rest = jax.tree.map(put, state.replace(tcache=None, dcache=None), row.replace(tcache=None, dcache=None))
-    return rest.replace(tcache=put_cache(state.tcache, row.tcache), dcache=put_cache(state.dcache, row.dcache))
+    whole = dict(tcache=None, dcache=None, feats=None)
+    rest = jax.tree.map(put, state.replace(**whole), row.replace(**whole))
+    return rest.replace(tcache=put_cache(state.tcache, row.tcache), dcache=put_cache(state.dcache, row.dcache),
+                        feats=state.feats)
 
 
 def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
@@ -316,5 +372,6 @@ prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argna
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
 step_jit = jax.jit(step, static_argnames=("lc", "depth"), donate_argnames=("state",))
 step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows", "depth"), donate_argnames=("state",))
+catch_up_rows_jit = jax.jit(catch_up_rows, static_argnames=("lc", "rows"), donate_argnames=("state",))
 insert_jit = jax.jit(insert, donate_argnames=("state",))
 finish_rows_jit = jax.jit(finish_rows, donate_argnames=("state",))

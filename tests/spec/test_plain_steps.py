@@ -8,6 +8,8 @@ not depend on which steps drafted), and a fresh prefill over the prompt plus
 the tokens so far (the drafter's root prediction after plain steps must be
 the one it would have had from the start)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,18 +26,35 @@ SPECS = {"chain": SpecConfig("chain", num_speculative_tokens=3),
          "tree": SpecConfig("tree", tree_top_k=3, tree_depth=3, tree_total_tokens=8)}
 
 
+def _lazy(lc, state, width):
+    """The prefilled state with a lazy drafter: plain steps keep features for `catch_up`, `width` at a time."""
+    lc = dataclasses.replace(lc, catch_up_width=width)
+    return lc, state.replace(feats=loop.create_feats(lc, state.pending.shape[0], state.tcache.max_len))
+
+
+def _level(gen, dparams, lc, state):
+    """catch_up until the drafter is level with the target in every row."""
+    while lc.catch_up_width and bool(jnp.any(state.dcache.lengths < state.tcache.lengths)):
+        state = loop.catch_up_rows_jit(gen.target_params, dparams, state, lc=lc, rows=state.pending.shape[0])
+    return state
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("method", list(SPECS))
-def test_switching_draft_depths_keeps_greedy_output(impl, method):
+@pytest.mark.parametrize("width", [0, 2])
+def test_switching_draft_depths_keeps_greedy_output(impl, method, width):
     gen = _generator(impl, SPECS[method])
     prompts = random_prompts(8, [9, 5, 13])
     lc, dparams, vocab, state = _prefilled(gen, prompts)
-    plain = jax.tree.map(jnp.copy, state)
-    depths = [0, 3, 0, 1, 3, 2, 0, 3]
+    plain, plain_lc = jax.tree.map(jnp.copy, state), lc
+    lc, state = _lazy(lc, state, width)
+    depths = [0, 3, 0, 1, 3, 2, 0, 0, 0, 3]
     for depth in depths:
+        if depth:
+            state = _level(gen, dparams, lc, state)
         state = loop.step_jit(gen.target_params, dparams, vocab, state, lc=lc, depth=depth)
     while int(jnp.min(plain.num_generated)) < int(jnp.max(state.num_generated)):
-        plain = loop.step_jit(gen.target_params, dparams, vocab, plain, lc=lc, depth=0)
+        plain = loop.step_jit(gen.target_params, dparams, vocab, plain, lc=plain_lc, depth=0)
     n = np.asarray(state.num_generated)
     assert n.min() > 8 and int(jnp.sum(state.stats.accepted)) > 0  # some drafts were accepted
     assert np.asarray(state.stats.steps).max() == 5  # only the drafting steps count as verify steps
@@ -44,12 +63,18 @@ def test_switching_draft_depths_keeps_greedy_output(impl, method):
         np.testing.assert_array_equal(np.asarray(state.out[b, :n[b]]), np.asarray(plain.out[b, :n[b]]))
 
 
-def test_plain_steps_keep_the_drafter_where_a_prefill_would_put_it():
+@pytest.mark.parametrize("width", [0, 2, 16])
+def test_plain_steps_keep_the_drafter_where_a_prefill_would_put_it(width):
+    """Rolled at each plain step, or caught up afterwards (2 positions a call: twice; 16: once)."""
     gen = _generator("xla", SPECS["chain"])
     prompts = random_prompts(8, [9, 12])
     lc, dparams, vocab, state = _prefilled(gen, prompts)
+    lc, state = _lazy(lc, state, width)
     for _ in range(3):
         state = loop.step_jit(gen.target_params, dparams, vocab, state, lc=lc, depth=0)
+    if width:
+        np.testing.assert_array_equal(np.asarray(state.dcache.lengths), [9, 12])  # left behind
+        state = _level(gen, dparams, lc, state)
     out = np.asarray(state.out)
     longer = [list(p) + out[b, :3].tolist() for b, p in enumerate(prompts)]  # all but the pending token
     _, _, _, fresh = _prefilled(gen, longer)
