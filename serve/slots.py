@@ -34,9 +34,9 @@ step drafts at a depth `_DraftPolicy` picks (`loop.step(..., depth=d)`: the
 configured depth D, a shallower `SpecConfig.at_depth`, or 0, a plain step):
 the depth whose expected tokens a row (from the measured acceptance at each
 position) over its measured step time is highest for the row bucket, as
-vLLM and SGLang lower speculation under load. Plain steps do no drafter
-work: they keep the target's features (`LoopConfig.catch_up_width`), and
-the drafter catches up over them (`loop.catch_up`, 16 positions a call)
+vLLM and SGLang lower speculation under load. Prefills and plain steps do
+no drafter work: they keep the target's features (`LoopConfig.catch_up_width`),
+and the drafter catches up over them (`loop.catch_up`, 16 positions a call)
 before the next drafting step, so under load, where plain steps win for
 good, speculation costs nothing. `adaptive=False` drafts at depth D at every step.
 
@@ -124,7 +124,7 @@ class SlotEngine:
         self._running = 0
         self.steps: dict[int, int] = {}  # steps taken by draft depth, 0 = plain (the loop thread's count)
         self.catch_ups = 0  # catch_up calls (the loop thread's count)
-        self._behind = 0  # plain steps since the drafter last caught up: no row lags it by more
+        self._behind = 0  # no row's drafter lags by more positions (prompts, plain steps since it caught up)
         self._policy = None  # _DraftPolicy once warm-up has timed the steps (adaptive with a drafter)
         self._wake = threading.Condition()
         self.closed = False
@@ -200,8 +200,14 @@ class SlotEngine:
         """Every slot free: an all-done state of zeros."""
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._shapes)
         self._behind = 0
-        return zeros.replace(done=jnp.ones((self.slots,), bool),
-                             feats=loop.create_feats(self.lc, self.slots, self.max_len))
+        feats, feat_tokens = loop.create_feats(self.lc, self.slots, self.max_len)
+        return zeros.replace(done=jnp.ones((self.slots,), bool), feats=feats, feat_tokens=feat_tokens)
+
+    def _insert(self, slot: int, ids: list[int], s: Sampling) -> None:
+        """Prefill one request and write it into `slot`; a lazy drafter is then behind by its prompt."""
+        self._state = loop.insert_jit(self._state, self._prefill(ids, s), slot)
+        if self.lc.catch_up_width:
+            self._behind = max(self._behind, len(ids))
 
     def _prefill(self, ids: list[int], s: Sampling) -> loop.DecodeState:
         """One request's one-row state: prompt through target (and drafter), first token emitted."""
@@ -222,7 +228,7 @@ class SlotEngine:
 
     def _step(self, rows: int, depth: int) -> float:
         """One step over the first `rows` slots, drafting `depth` levels (0: plain), the drafter
-        first caught up if plain steps left it behind; returns the step's seconds."""
+        first caught up if prefills or plain steps left it behind; returns the step's seconds."""
         while depth and self._behind > 0:
             self._state = loop.catch_up_rows_jit(self.gen.target_params, self._dparams, self._state,
                                                  lc=self.lc, rows=rows)
@@ -253,7 +259,7 @@ class SlotEngine:
         buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
         for p in buckets:
-            self._state = loop.insert_jit(self._state, self._prefill([0] * min(p, limit), warm), 0)
+            self._insert(0, [0] * min(p, limit), warm)
         costs = {}
         for rows in self.row_buckets:
             for depth in depths:
@@ -309,7 +315,7 @@ class SlotEngine:
             slot = free[0]
             self._rows[slot] = _Row(req, slot, len(req.prompt_ids), _StreamText(self.tokenizer, req.sampling.stop),
                                     time.monotonic())
-            self._state = loop.insert_jit(self._state, self._prefill(req.prompt_ids, req.sampling), slot)
+            self._insert(slot, req.prompt_ids, req.sampling)
             admitted = True
 
     def _observe(self) -> list[int]:

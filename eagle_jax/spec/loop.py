@@ -12,9 +12,9 @@ Conventions: the *pending* token of a row has been emitted but is not yet in
 the target cache; it sits at position `tcache.lengths`. The drafter cache has
 the same committed length as the target cache: its entry at position t pairs
 the target's features at t with token t+1. With `LoopConfig.catch_up_width`
-(a slot engine that mixes plain and drafting steps) plain steps only keep
-the target's features (`DecodeState.feats`) and the drafter falls behind;
-`catch_up` brings it level before a drafting step.
+(a slot engine that mixes plain and drafting steps) the prefill and plain
+steps only keep the target's features (`DecodeState.feats`) and the drafter
+falls behind; `catch_up` brings it level before a drafting step.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ class LoopConfig:
     context_limit: int  # a row stops when prompt + generated tokens reach it
     prefill_chunk: int = 512
     impl: str = "auto"
-    # > 0: plain steps store the target's features (`DecodeState.feats`) instead of
-    # rolling the drafter; `catch_up` rolls it over them, this many positions a call.
+    # > 0: the prefill and plain steps store the target's features (`DecodeState.feats`)
+    # instead of running the drafter; `catch_up` rolls it over them, this many positions
+    # a call. For a slot engine: its state holds `create_feats` buffers, and `insert`
+    # puts each prefilled row's prompt into them.
     catch_up_width: int = 0
 
     @property
@@ -86,10 +88,13 @@ class DecodeState:
     keys: jax.Array  # [B, 2] one PRNG key per row (spec/sampling.py)
     sampling: SamplingParams | None  # per-row settings; None: every row greedy
     stats: SpecStats
-    # [N, S, A*H] (lc.catch_up_width) the target's features by position, kept by plain steps
-    # for `catch_up`; rows [0, B) are this state's (N >= B: a step over a slot engine's
-    # first rows gets the whole buffer). None otherwise, and from `prefill` (a slot engine adds it).
+    # With lc.catch_up_width, what the drafter has not read yet, by position: the target's
+    # features feats [N, S, A*H] (float32) and the token after each position feat_tokens
+    # [N, S]; rows [0, B) are this state's (N >= B: a step over a slot engine's first rows
+    # gets the whole buffers). `prefill` gives the prompt's ([B, P, ...]; `insert` puts them
+    # into a slot engine's buffers, `create_feats`), plain steps add theirs. None otherwise.
     feats: jax.Array | None = None
+    feat_tokens: jax.Array | None = None
 
 
 def _emit(state: DecodeState, lc: LoopConfig, new_tokens, count):
@@ -151,13 +156,14 @@ def create_caches(lc: LoopConfig, batch: int, cache_len: int, dtype) -> tuple[KV
     return tcache, dcache
 
 
-def create_feats(lc: LoopConfig, batch: int, cache_len: int) -> jax.Array | None:
-    """`DecodeState.feats` for a lazy drafter (`lc.catch_up_width`), else None. In
-    float32, which holds bf16 features exactly (XLA's CPU backend scatters into a
-    bf16 buffer by converting the whole buffer to float32 and back, every step)."""
+def create_feats(lc: LoopConfig, batch: int, cache_len: int) -> tuple[jax.Array | None, jax.Array | None]:
+    """`DecodeState.feats` and `feat_tokens` for a lazy drafter (`lc.catch_up_width`),
+    else Nones. The features in float32, which holds bf16 ones exactly (XLA's CPU
+    backend scatters into a bf16 buffer by converting all of it to float32 and back)."""
     if not (lc.speculative and lc.catch_up_width):
-        return None
-    return jnp.zeros((batch, cache_len, len(lc.aux_layers()) * lc.target.hidden_size), jnp.float32)
+        return None, None
+    return (jnp.zeros((batch, cache_len, len(lc.aux_layers()) * lc.target.hidden_size), jnp.float32),
+            jnp.zeros((batch, cache_len), jnp.int32))
 
 
 def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling: SamplingParams | None,
@@ -166,7 +172,9 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
 
     tokens [B, P] right-padded prompts (P a multiple of the prefill chunk or
     below it); prompt_len [B]; max_new [B] int32; sampling: per-row settings
-    or None (every row greedy); empty caches from `create_caches`.
+    or None (every row greedy); empty caches from `create_caches`. With
+    `lc.catch_up_width` the drafter does not read the prompt here: the state
+    holds its features for `catch_up`, and the drafter cache stays empty.
     """
     b, p = tokens.shape
     hidden, tcache, aux = _chunked_prefill(tparams, lc, tokens, tcache)
@@ -188,6 +196,9 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
     shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
     dtokens = jnp.where(t == (prompt_len - 1)[:, None], first[:, None], shifted)
     dcfg = lc.drafter
+    if lc.catch_up_width:
+        return state.replace(dcache=dcache, root_hidden=jnp.zeros((b, dcfg.hidden_size), tparams["embed"].dtype),
+                             feats=aux.astype(jnp.float32), feat_tokens=dtokens.astype(jnp.int32))
     c = min(p, lc.prefill_chunk)
     nc = p // c
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -224,27 +235,25 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
     if not lc.speculative:
         return state
     if lc.catch_up_width:  # the drafter stays behind; `catch_up` reads these
-        at = jnp.where(m > 0, base, state.feats.shape[1])  # finished rows write nothing
-        return state.replace(feats=state.feats.at[jnp.arange(b), at].set(aux[:, 0].astype(state.feats.dtype),
-                                                                           mode="drop"))
+        rows, at = jnp.arange(b), jnp.where(m > 0, base, state.feats.shape[1])  # finished rows write nothing
+        return state.replace(feats=state.feats.at[rows, at].set(aux[:, 0].astype(jnp.float32), mode="drop"),
+                             feat_tokens=state.feat_tokens.at[rows, at].set(nxt, mode="drop"))
     return _roll_drafter(tparams, dparams, state, lc, nxt[:, None], aux, base, m)
 
 
 def catch_up(tparams, dparams, state: DecodeState, *, lc: LoopConfig) -> DecodeState:
     """Roll a lazy drafter (`lc.catch_up_width` > 0) over up to that many of the
-    positions plain steps left it behind on, per row: those from `dcache.lengths`
-    on, with the features `feats` kept and the tokens emitted after them. Rows
-    that are level are unchanged; call it until every row is (then a step may draft)."""
+    positions it has not read, per row (the prompt's and plain steps'): those from
+    `dcache.lengths` on, from `feats` and `feat_tokens`. Rows that are level are
+    unchanged; call it until every row is (then a step may draft)."""
     b, width = state.pending.shape[0], lc.catch_up_width
     base = state.dcache.lengths
     m = jnp.clip(state.tcache.lengths - base, 0, width)
-    pos = base[:, None] + jnp.arange(width)[None]  # [B, W]
-    last = state.feats.shape[1] - 1
+    rows = jnp.arange(b)[:, None]
+    pos = jnp.minimum(base[:, None] + jnp.arange(width)[None], state.feats.shape[1] - 1)  # [B, W]
     # Back to the dtype the target computed them in (its residual stream's, the embedding's): exact.
-    feats = state.feats[jnp.arange(b)[:, None], jnp.minimum(pos, last)].astype(tparams["embed"].dtype)
-    cols = jnp.clip(pos + 1 - state.prompt_len[:, None], 0, state.out.shape[1] - 1)
-    tokens = jnp.take_along_axis(state.out, cols, axis=1)  # the token after each position
-    return _roll_drafter(tparams, dparams, state, lc, tokens, feats, base, m)
+    feats = state.feats[rows, pos].astype(tparams["embed"].dtype)
+    return _roll_drafter(tparams, dparams, state, lc, state.feat_tokens[rows, pos], feats, base, m)
 
 
 def _roll_drafter(tparams, dparams, state: DecodeState, lc: LoopConfig, new_tokens, feats, base, m) -> DecodeState:
@@ -299,7 +308,9 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig, spec
 def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, depth: int | None = None) -> DecodeState:
     """One decoding step for every unfinished row. With a drafter loaded it
     drafts `depth` levels (None: `lc.spec.depth`; fewer: `lc.spec.at_depth`),
-    or with depth 0 it is plain (the drafter kept in step); without one, plain."""
+    or with depth 0 it is plain (the drafter kept in step, or with
+    `lc.catch_up_width` left behind for `catch_up`); without one, plain. A
+    drafting step needs the drafter level with the target."""
     depth = lc.spec.depth if depth is None else depth
     if lc.speculative and depth > 0:
         return _spec_step(tparams, dparams, vocab, state, lc, lc.spec.at_depth(depth))
@@ -322,16 +333,18 @@ def catch_up_rows(tparams, dparams, state: DecodeState, *, lc: LoopConfig, rows:
 def _on_rows(fn, state: DecodeState, rows: int, lc: LoopConfig) -> DecodeState:
     """fn(state) -> state over rows [0, rows), the other rows left as they are.
     With the native CPU kernels the caches are not copied: fn works on views
-    of their first rows (`KVCache.head_rows`); `feats` goes whole."""
+    of their first rows (`KVCache.head_rows`); `feats` and `feat_tokens` go whole."""
     if rows == state.pending.shape[0]:
         return fn(state)
     head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl)
-    whole = dict(tcache=None, dcache=None, feats=None)
+    whole = dict(tcache=None, dcache=None, feats=None, feat_tokens=None)
     part = jax.tree.map(lambda x: x[:rows], state.replace(**whole))
-    part = fn(part.replace(tcache=head(state.tcache), dcache=head(state.dcache), feats=state.feats))
+    part = fn(part.replace(tcache=head(state.tcache), dcache=head(state.dcache), feats=state.feats,
+                           feat_tokens=state.feat_tokens))
     put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=0)
     rest = jax.tree.map(put, state.replace(**whole), part.replace(**whole))
     return rest.replace(tcache=state.tcache.put_head_rows(part.tcache), feats=part.feats,
+                        feat_tokens=part.feat_tokens,
                         dcache=None if state.dcache is None else state.dcache.put_head_rows(part.dcache))
 
 
@@ -347,20 +360,27 @@ def insert(state: DecodeState, row: DecodeState, slot) -> DecodeState:
 
     Every leaf of the slot is overwritten along its batch axis (axis 1 of the
     caches' k/v, axis 0 elsewhere), so nothing of its previous row survives,
-    except `feats` (a prefilled row has none): `catch_up` reads a row's
-    features only where its plain steps wrote them."""
+    except in `feats` and `feat_tokens`, where the row's prompt [1, P, ...]
+    goes to the slot's first P positions: `catch_up` reads a row's positions
+    only up to what its prefill and its plain steps wrote."""
     def put(big, one, axis=0):
         return jax.lax.dynamic_update_slice_in_dim(big, one.astype(big.dtype), slot, axis)
+
+    def put_prefix(big, one):  # [N, S, ...] <- [1, P, ...] at (slot, 0, ...), P <= S
+        if big is None or one is None:
+            return big
+        return jax.lax.dynamic_update_slice(big, one.astype(big.dtype), (slot,) + (0,) * (big.ndim - 1))
 
     def put_cache(big: KVCache | None, one: KVCache | None):
         if big is None:
             return None
         return big.replace(k=put(big.k, one.k, 1), v=put(big.v, one.v, 1), lengths=put(big.lengths, one.lengths))
 
-    whole = dict(tcache=None, dcache=None, feats=None)
+    whole = dict(tcache=None, dcache=None, feats=None, feat_tokens=None)
     rest = jax.tree.map(put, state.replace(**whole), row.replace(**whole))
     return rest.replace(tcache=put_cache(state.tcache, row.tcache), dcache=put_cache(state.dcache, row.dcache),
-                        feats=state.feats)
+                        feats=put_prefix(state.feats, row.feats),
+                        feat_tokens=put_prefix(state.feat_tokens, row.feat_tokens))
 
 
 def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:

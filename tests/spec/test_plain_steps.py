@@ -26,10 +26,18 @@ SPECS = {"chain": SpecConfig("chain", num_speculative_tokens=3),
          "tree": SpecConfig("tree", tree_top_k=3, tree_depth=3, tree_total_tokens=8)}
 
 
-def _lazy(lc, state, width):
-    """The prefilled state with a lazy drafter: plain steps keep features for `catch_up`, `width` at a time."""
+def _lazy(gen, prompts, width):
+    """(lc, dparams, vocab, prefilled state) with a lazy drafter (`width` > 0): the prefill leaves the
+    prompt to `catch_up` (`width` positions a call), in whole-cache buffers as a slot engine holds them."""
+    _, lc, args, static, _ = gen._prepare(prompts, 24, (0.0, 0, 1.0), 0, False, ())
     lc = dataclasses.replace(lc, catch_up_width=width)
-    return lc, state.replace(feats=loop.create_feats(lc, state.pending.shape[0], state.tcache.max_len))
+    dparams, vocab = gen._drafter_for(lc)
+    state = loop.prefill_jit(gen.target_params, dparams, vocab, *args, lc=lc, out_width=static["out_width"])
+    if width:
+        feats, toks = loop.create_feats(lc, len(prompts), state.tcache.max_len)
+        p = state.feats.shape[1]
+        state = state.replace(feats=feats.at[:, :p].set(state.feats), feat_tokens=toks.at[:, :p].set(state.feat_tokens))
+    return lc, dparams, vocab, state
 
 
 def _level(gen, dparams, lc, state):
@@ -45,9 +53,8 @@ def _level(gen, dparams, lc, state):
 def test_switching_draft_depths_keeps_greedy_output(impl, method, width):
     gen = _generator(impl, SPECS[method])
     prompts = random_prompts(8, [9, 5, 13])
-    lc, dparams, vocab, state = _prefilled(gen, prompts)
-    plain, plain_lc = jax.tree.map(jnp.copy, state), lc
-    lc, state = _lazy(lc, state, width)
+    plain_lc, _, _, plain = _prefilled(gen, prompts)
+    lc, dparams, vocab, state = _lazy(gen, prompts, width)
     depths = [0, 3, 0, 1, 3, 2, 0, 0, 0, 3]
     for depth in depths:
         if depth:
@@ -65,15 +72,15 @@ def test_switching_draft_depths_keeps_greedy_output(impl, method, width):
 
 @pytest.mark.parametrize("width", [0, 2, 16])
 def test_plain_steps_keep_the_drafter_where_a_prefill_would_put_it(width):
-    """Rolled at each plain step, or caught up afterwards (2 positions a call: twice; 16: once)."""
+    """Rolled at the prefill and each plain step, or caught up afterwards over the prompt and the
+    plain steps (2 positions a call: 8 calls; 16: 1)."""
     gen = _generator("xla", SPECS["chain"])
     prompts = random_prompts(8, [9, 12])
-    lc, dparams, vocab, state = _prefilled(gen, prompts)
-    lc, state = _lazy(lc, state, width)
+    lc, dparams, vocab, state = _lazy(gen, prompts, width)
     for _ in range(3):
         state = loop.step_jit(gen.target_params, dparams, vocab, state, lc=lc, depth=0)
     if width:
-        np.testing.assert_array_equal(np.asarray(state.dcache.lengths), [9, 12])  # left behind
+        np.testing.assert_array_equal(np.asarray(state.dcache.lengths), [0, 0])  # the drafter read nothing
         state = _level(gen, dparams, lc, state)
     out = np.asarray(state.out)
     longer = [list(p) + out[b, :3].tolist() for b, p in enumerate(prompts)]  # all but the pending token
