@@ -22,10 +22,10 @@ import pytest
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Each test process (each xdist worker) gets its own persistent XLA compilation cache
-# (`eagle_jax.runtime.enable_compilation_cache`, which `Generator.load` turns on): JAX
-# crashed reading and writing a cache directory that other processes (a benchmark, a
-# trainer, the other worker) were writing at the same time (a segfault in
-# `get_executable_and_time`, an abort in `put_executable_and_time`).
+# (`eagle_jax.runtime.enable_compilation_cache`, which `Generator.load` turns on): two
+# local full runs crashed inside JAX's cache code (a segfault in `get_executable_and_time`,
+# an abort in `put_executable_and_time`) while that directory was shared with a trainer,
+# benchmarks and the other worker.
 os.environ.setdefault("EAGLE_JAX_XLA_CACHE", os.path.join(
     os.path.expanduser("~"), ".cache", "eagle_jax", f"xla-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"))
 
