@@ -498,29 +498,41 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- serve
 
 
-def render_serve(r: dict) -> str:
+def render_serve(r: dict, docs_path: str) -> str:
     if r.get("mode") != "concurrency":
         return _render_serve_static_batches(r)
     st = r.get("settings", {})
     out = [f"### Per-user throughput at concurrency {', '.join(map(str, st.get('concurrency', [])))} "
            f"({r.get('date', '?')[:10]})", "", caption(r), "",
-           f"`eagle-jax serve --engine slots` in-process ({st.get('slots')} slots, max_len {st.get('max_len')}), "
+           f"`eagle-jax serve --engine slots` in-process ({st.get('slots')} slots, max_len {st.get('max_len')}, "
+           f"prompts prefilled {st.get('prefill_chunk', 'whole')} tokens a call), "
            f"plain against EAGLE ({st.get('draft')}, at every batch size, each step at the draft depth its "
            f"policy picks: `eagle_drafts` {st.get('eagle_drafts', 'every step')}); at concurrency c, c greedy "
            f"chat requests (HumanEval) sent at once, {st.get('max_new_tokens')} new tokens each; a user's "
            f"throughput is its tokens over its request's wall time; {st.get('rounds')} timed rounds alternating "
-           f"the servers. Warm-up: " + ", ".join(f"{k} {fmt(v, 1)} s" for k, v in r.get("warmup_s", {}).items())
-           + ".", "",
-           "| concurrency | per-user tok/s, plain | per-user tok/s, EAGLE | EAGLE / plain (paired median) | "
-           "mean latency s, plain / EAGLE | same texts | rows running together | EAGLE steps by draft depth |",
-           "|---|---|---|---|---|---|---|---|"]
+           f"the servers. TTFT and ITL (gaps between streamed chunks) are p50 / p99 over the timed rounds. "
+           f"Warm-up: " + ", ".join(f"{k} {fmt(v, 1)} s" for k, v in r.get("warmup_s", {}).items()) + ".", "",
+           "| concurrency | per-user tok/s, plain / EAGLE | EAGLE / plain (paired median) | total tok/s, plain / EAGLE | "
+           "TTFT s, plain | TTFT s, EAGLE | ITL ms, plain | ITL ms, EAGLE | same texts | EAGLE steps by draft depth |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    pair = lambda d, k=1.0, nd=2: (f"{fmt(d['p50'] * k, nd)} / {fmt(d['p99'] * k, nd)}" if d else "–")
     for c, e in r.get("levels", {}).items():
-        tps, lat = e["per_user_tokens_per_s"], e["latency_mean_s"]
-        sizes = sorted(set(e["batch_sizes"]["plain"]) | set(e["batch_sizes"]["eagle"]))
-        out.append(f"| {c} | {fmt(tps['plain'], 1)} | {fmt(tps['eagle'], 1)} | {fmt(e['speedup_paired_median'])} | "
-                   f"{fmt(lat['plain'], 1)} / {fmt(lat['eagle'], 1)} | {e['same_texts']} / {e['replies']} | "
-                   f"{', '.join(map(str, sizes))} | "
+        tps, tot = e["per_user_tokens_per_s"], e.get("total_tokens_per_s", {})
+        ttft, itl = e.get("ttft_s", {}), e.get("itl_s", {})
+        out.append(f"| {c} | {fmt(tps['plain'], 1)} / {fmt(tps['eagle'], 1)} | {fmt(e['speedup_paired_median'])} | "
+                   f"{fmt(tot.get('plain'), 1)} / {fmt(tot.get('eagle'), 1)} | {pair(ttft.get('plain'))} | "
+                   f"{pair(ttft.get('eagle'))} | {pair(itl.get('plain'), 1e3, 0)} | {pair(itl.get('eagle'), 1e3, 0)} | "
+                   f"{e['same_texts']} / {e['replies']} | "
                    f"{', '.join(f'{d}: {k}' for d, k in sorted(e.get('eagle_steps_by_depth', {}).items())) or '-'} |")
+    levels = {int(c): e for c, e in r.get("levels", {}).items()}
+    if levels:
+        series = {f"{n}, {what}": [(c, e[key][n]) for c, e in levels.items() if n in e.get(key, {})]
+                  for n in ("plain", "eagle")
+                  for what, key in (("per user", "per_user_tokens_per_s"), ("total", "total_tokens_per_s"))}
+        png = _line_chart(r, "throughput", {k: v for k, v in series.items() if v}, xlabel="concurrent users",
+                          ylabel="output tokens/s", title="Serving throughput by concurrency", logx=True,
+                          xticks=sorted(levels))
+        out += ["", f"![serving throughput]({_rel(png, docs_path)})"]
     return "\n".join(out)
 
 
@@ -726,7 +738,7 @@ def render(results_dir: str | None = None, docs_path: str | None = None) -> str:
     sections = [("plain_vs_transformers", "## Plain decoding vs transformers", render_plain_vs_transformers),
                 ("speed", "## Decoding speed", lambda r: render_speed(r, docs_path)),
                 ("drift", "## Attention drift", lambda r: render_drift(r, docs_path)),
-                ("serve", "## Serving under concurrent load", render_serve),
+                ("serve", "## Serving under concurrent load", lambda r: render_serve(r, docs_path)),
                 ("step_cost", "## Step cost", lambda r: render_step_cost(r, docs_path))]
     for suite, title, fn in sections:
         rs = [r for r in chosen if r["suite"] == suite]

@@ -9,12 +9,17 @@ highest concurrency: one decodes plainly, one has the drafter (`--draft`,
 default the bundled EAGLE 3.1) at every batch size (`disable_by_batch_size=None`,
 so the CPU's batch policy does not turn it off) and drafts at the steps its
 policy picks by measured cost and acceptance (serve/slots.py `_DraftPolicy`;
-the result counts the timed steps by draft depth, 0 being plain). At concurrency c, c clients each POST one greedy chat request
-(HumanEval prompts) at the same moment; a user's output throughput is its
-completion tokens over its request's wall time, as the client sees it. Rounds
-alternate the two servers (odd rounds reversed) after an untimed burst at
-every concurrency. Reported per concurrency: the median per-user throughput
-of each server, their ratio paired by round, mean latency, and how many
+the result counts the timed steps by draft depth, 0 being plain). At concurrency
+c, c clients each POST one streamed greedy chat request (HumanEval prompts,
+`stream_options.include_usage`) at the same moment; a user's output throughput
+is its completion tokens over its request's wall time, as the client sees it.
+Rounds alternate the two servers (odd rounds reversed) after an untimed burst
+at every concurrency. Reported per concurrency and server: the median per-user
+throughput and the ratio paired by round, total throughput (all tokens of a
+burst over its wall time, median over rounds), mean latency, time to first
+token and inter-token latency (the gaps between a stream's content chunks, as
+`vllm bench serve` takes them: a speculative chunk may hold several tokens)
+at p50 and p99 over every request and gap of the timed rounds, and how many
 replies of the speculative server are the same text as the plain one's
 (greedy: the same except at near-ties).
 """
@@ -27,30 +32,48 @@ import threading
 import time
 import urllib.request
 
+import numpy as np
+
 __all__ = ["run"]
 
 
-def _post(url: str, body: dict) -> dict:
+def _stream(url: str, body: dict) -> dict:
+    """One streamed chat request: its text, completion tokens (from the usage chunk), time to
+    the first content chunk, the gaps between content chunks, and its wall time."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    pieces, times, usage = [], [], None
     with urllib.request.urlopen(req, timeout=3600) as r:
-        return json.loads(r.read().decode())
+        for line in r:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    pieces.append(piece)
+                    times.append(time.perf_counter())
+    if usage is None or not times:
+        raise RuntimeError(f"a stream from {url} ended without content or usage")
+    return {"text": "".join(pieces), "tokens": usage["completion_tokens"], "ttft_s": times[0] - t0,
+            "gaps": np.diff(times).tolist(), "latency_s": time.perf_counter() - t0}
 
 
 def _burst(url: str, bodies: list[dict]) -> dict:
-    """Every body POSTed at once; wall time to the last reply, per-request latencies, replies."""
-    replies, latency = [None] * len(bodies), [0.0] * len(bodies)
+    """Every body streamed at once: wall time to the last reply, and each reply's measures."""
+    replies: list[dict | None] = [None] * len(bodies)
     errors: list[BaseException] = []
     go = threading.Barrier(len(bodies) + 1)
 
     def client(i):
         go.wait()
-        t = time.perf_counter()
         try:
-            replies[i] = _post(url, bodies[i])
+            replies[i] = _stream(url, bodies[i])
         except BaseException as e:  # noqa: BLE001 - re-raised below on the main thread
             errors.append(e)
-        latency[i] = time.perf_counter() - t
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
     for t in threads:
@@ -62,17 +85,16 @@ def _burst(url: str, bodies: list[dict]) -> dict:
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    tokens = sum(r["usage"]["completion_tokens"] for r in replies)
-    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-            "user_tokens": [r["usage"]["completion_tokens"] for r in replies], "latencies": latency,
-            "latency_mean_s": statistics.mean(latency), "latency_max_s": max(latency),
-            "batch_sizes": sorted({r["eagle"]["batch_size"] for r in replies}),
-            "texts": [r["choices"][0]["message"]["content"] for r in replies]}
+    return {"wall_s": wall, "tokens_per_s": sum(r["tokens"] for r in replies) / wall, "replies": replies}
 
 
 def _per_user(burst: dict) -> float:
     """Median over users of completion tokens / request wall time."""
-    return statistics.median(t / lat for t, lat in zip(burst["user_tokens"], burst["latencies"]))
+    return statistics.median(r["tokens"] / r["latency_s"] for r in burst["replies"])
+
+
+def _percentiles(values: list[float]) -> dict:
+    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))} if values else {}
 
 
 def run(args, log) -> dict:
@@ -102,9 +124,10 @@ def run(args, log) -> dict:
     bodies = [{"messages": [{"role": "user", "content": p.text}], "max_tokens": max_new} for p in prompts]
     longest = max(len(target.tokenizer.apply_chat(b["messages"])) for b in bodies)
     max_len = 64 * -(-(longest + max_new + 64) // 64)
+    chunk = min(args.prefill_chunk, max_len)  # a chunk as long as a row: whole prompts
     result["settings"] = {"concurrency": levels, "max_new_tokens": max_new, "rounds": rounds, "slots": levels[-1],
                           "max_len": max_len, "dataset": "humaneval", "temperature": 0.0, "draft": draft,
-                          "engine": "slots", "eagle_drafts": "adaptive"}
+                          "engine": "slots", "prefill_chunk": chunk, "eagle_drafts": "adaptive"}
     drafter = load_drafter_by_name(draft, target.cfg, args.target, dtype=dtype)
     gens = {"plain": Generator(target.cfg, target.params, target.tokenizer),
             "eagle": Generator(target.cfg, target.params, target.tokenizer, drafter=drafter,
@@ -114,7 +137,8 @@ def run(args, log) -> dict:
         for name, gen in gens.items():
             t0 = time.perf_counter()
             servers[name] = make_server(gen, "127.0.0.1", 0, engine="slots", max_batch=levels[-1], max_len=max_len,
-                                        warm_prompt_tokens=longest, draft_name=draft if name == "eagle" else "none")
+                                        prefill_chunk=chunk,
+                                        draft_name=draft if name == "eagle" else "none")
             threading.Thread(target=servers[name].serve_forever, daemon=True).start()
             warm[name] = time.perf_counter() - t0
             log(f"serve {name}: slot engine warm-up {warm[name]:.1f}s")
@@ -142,16 +166,17 @@ def run(args, log) -> dict:
     result["levels"] = {}
     for c in levels:
         plain, eagle = timed["plain", c], timed["eagle", c]
+        both = {"plain": plain, "eagle": eagle}
+        replies = {n: [r for b in bursts for r in b["replies"]] for n, bursts in both.items()}
         result["levels"][str(c)] = {
-            "per_user_tokens_per_s": {"plain": statistics.median(map(_per_user, plain)),
-                                      "eagle": statistics.median(map(_per_user, eagle))},
+            "per_user_tokens_per_s": {n: statistics.median(map(_per_user, b)) for n, b in both.items()},
             "speedup_paired_median": statistics.median(_per_user(e) / _per_user(p) for p, e in zip(plain, eagle)),
-            "latency_mean_s": {"plain": statistics.median(r["latency_mean_s"] for r in plain),
-                               "eagle": statistics.median(r["latency_mean_s"] for r in eagle)},
-            "same_texts": sum(a == b for p, e in zip(plain, eagle) for a, b in zip(p["texts"], e["texts"])),
-            "replies": sum(len(r["texts"]) for r in eagle),
-            "batch_sizes": {"plain": sorted({b for r in plain for b in r["batch_sizes"]}),
-                            "eagle": sorted({b for r in eagle for b in r["batch_sizes"]})},
+            "total_tokens_per_s": {n: statistics.median(x["tokens_per_s"] for x in b) for n, b in both.items()},
+            "latency_mean_s": {n: statistics.mean(r["latency_s"] for r in rs) for n, rs in replies.items()},
+            "ttft_s": {n: _percentiles([r["ttft_s"] for r in rs]) for n, rs in replies.items()},
+            "itl_s": {n: _percentiles([g for r in rs for g in r["gaps"]]) for n, rs in replies.items()},
+            "same_texts": sum(a["text"] == b["text"] for a, b in zip(replies["plain"], replies["eagle"])),
+            "replies": len(replies["eagle"]),
             "eagle_steps_by_depth": depths[c],
         }
     return result

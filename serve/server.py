@@ -112,8 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="most prompts batched together across concurrent requests (1 = no batching)")
     p.add_argument("--max-len", type=int, default=1024,
                    help="slots engine: cache slots per row, prompt and answer (and a step's scratch) together")
-    p.add_argument("--warm-prompt-tokens", type=int, default=128,
-                   help="slots engine: compile the prefill for prompts up to this long at start-up")
+    p.add_argument("--prefill-chunk", type=int, default=64,
+                   help="slots engine: prompt tokens prefilled a call; while other rows decode, one such "
+                        "chunk runs between two of their steps")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the oldest waiting request waits for others to batch with")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
@@ -151,7 +152,7 @@ def main(args) -> int:
     name = args.served_model_name or args.target
     server = make(gen, model_name=name, draft_name=args.draft, engine=args.engine, max_batch=args.max_batch,
                   batch_window_s=args.batch_window_ms / 1000, max_len=args.max_len,
-                  warm_prompt_tokens=args.warm_prompt_tokens, limits=limits, api_key=args.api_key, sock=sock)
+                  prefill_chunk=args.prefill_chunk, limits=limits, api_key=args.api_key, sock=sock)
     host, port = server.server_address
     print(f"eagle-jax serve: http://{host}:{port} (model {name!r}, draft "
           f"{server.engine.info()['draft']}{', API key required' if args.api_key else ''})", flush=True)

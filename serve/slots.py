@@ -7,9 +7,13 @@ All slots live in one batched `DecodeState` (spec/loop.py) of `slots` rows,
 each with `max_len` cache slots and one output width, so one compiled step
 serves every mix of requests. One host thread runs the loop:
 
-1. admit: each waiting request is prefilled alone (batch 1, its prompt padded
-   to generate.py's bucket) and written into a free slot (`loop.insert_jit`;
-   the slot is a traced index: one program for every slot);
+1. admit: each waiting request takes a free slot and is prefilled alone
+   (batch 1), `prefill_chunk` prompt tokens a call (`loop.prompt_chunk_jit`,
+   one program for every prompt length), one chunk between two steps while
+   other rows decode (so a newcomer's prompt stalls them for one chunk, not
+   for its whole prompt), back to back while none does; after its last chunk
+   it samples its first token (`loop.start_row_jit`) and is written into its
+   slot (`loop.insert_jit`; the slot is a traced index: one program for every slot);
 2. step: one `loop.step_rows_jit` over the slots up to the highest occupied
    one, rounded up to a row bucket (1, 2, 4, ... and `slots`, each compiled
    at start-up), plain or speculative: a request admitted to the lowest free
@@ -24,9 +28,8 @@ into it overwrites every leaf of the slot. Sampling settings are per-row
 arrays of the state (a greedy row has temperature 0), so no setting
 recompiles anything. There is no separate all-greedy program (spec/sampling.py's
 `None` settings): with 4 greedy rows on 2 busy cores the sampled step cost
-the same (plain 41.5 against 46 ms, chain k=3 90.4 against 90.5 ms). The
-prefill is compiled per prompt bucket, those up to `warm_prompt_tokens` at
-construction (`info()["warmup_s"]`); a longer prompt compiles its bucket on arrival.
+the same (plain 41.5 against 46 ms, chain k=3 90.4 against 90.5 ms). Every
+program is compiled at construction (`info()["warmup_s"]`).
 
 Whether the engine has a drafter is fixed at construction (by default
 `Generator.speculates(slots)`, i.e. `disable_by_batch_size`). With one, each
@@ -38,11 +41,11 @@ vLLM and SGLang lower speculation under load. Prefills and plain steps do
 no drafter work: they keep the target's features (`LoopConfig.catch_up_width`),
 and the drafter catches up over them (`loop.catch_up`, 16 positions a call)
 before the next drafting step, so under load, where plain steps win for
-good, speculation costs nothing. `adaptive=False` drafts at depth D at every step.
+good, speculation costs nothing. `adaptive=False` drafts at depth D at every step
+(its drafter too catches up over each prompt before the step that drafts first).
 
-Not yet here (issue 18, item 1): chunked prefill of newcomers while others
-decode (a newcomer's prefill now stalls the running rows), a draft depth per
-row (the depth is chosen for the whole step), and `Generator.generate` on this engine.
+Not yet here (issue 18, item 1): a draft depth per row (the depth is chosen
+for the whole step), and `Generator.generate` on this engine.
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import SamplingConfig
-from eagle_jax.generate import _bucket
 from eagle_jax.serve.engine import _FINISH, Delta, Done, EngineError, Request, Sampling, _spec_counts, _StreamText
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
@@ -80,6 +82,20 @@ def _read(state: loop.DecodeState, start: jax.Array, *, width: int):
 
 
 @dataclasses.dataclass
+class _Fill:
+    """A prompt being prefilled into its slot: its one-row buffers on the device."""
+    slot: int
+    prompt_len: int
+    sampling: Sampling
+    tokens: np.ndarray  # [1, max_len] the prompt, zero-padded
+    done: int  # prompt tokens prefilled so far (a multiple of the chunk)
+    tcache: object
+    dcache: object
+    feats: object  # [1, max_len, A*H] float32, or None without a drafter
+    hidden: object = None  # the last chunk's [1, C, H]
+
+
+@dataclasses.dataclass
 class _Row:
     """A request in a slot, as the host sees it."""
     req: Request
@@ -90,28 +106,31 @@ class _Row:
     ttft_s: float | None = None
     toks: list = dataclasses.field(default_factory=list)
     most_rows: int = 1  # most rows running together during its life
+    fill: _Fill | None = None  # set while its prompt is being prefilled
 
 
 class SlotEngine:
     """Continuous batching over `slots` rows of `max_len` cache slots (serve/engine.py's interface)."""
 
     def __init__(self, generator, *, slots: int = 4, max_len: int = 1024, draft_name: str = "none",
-                 speculative: bool | None = None, adaptive: bool = True, warm_prompt_tokens: int = 128):
+                 speculative: bool | None = None, adaptive: bool = True, prefill_chunk: int = 64):
         gen = self.gen = generator
         if gen.tokenizer is None:
             raise ValueError("the slot engine streams text: the target needs a tokenizer")
         if slots < 1:
             raise ValueError(f"need slots >= 1, got {slots}")
+        if not 16 <= prefill_chunk <= max_len:
+            raise ValueError(f"prefill_chunk must be in [16, max_len={max_len}], got {prefill_chunk}")
         speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
         adaptive = adaptive and speculative
-        # Plain steps of an adaptive engine leave the drafter behind (no drafter work while plain
-        # steps win); it catches up, CATCH_UP_WIDTH positions a call, before the next drafting step.
-        lc = dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if adaptive else 0)
+        # Prefills (and an adaptive engine's plain steps) leave the drafter behind; it catches up,
+        # CATCH_UP_WIDTH positions a call, before the next drafting step.
+        lc = dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if speculative else 0)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
         self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - lc.cache_scratch))
         if self.lc.context_limit < 16:
             raise ValueError(f"max_len {max_len} leaves {self.lc.context_limit} tokens a row: need at least 16")
-        self.slots, self.max_len = slots, max_len
+        self.slots, self.max_len, self.prefill_chunk = slots, max_len, prefill_chunk
         self.row_buckets = sorted({min(1 << i, slots) for i in range(slots.bit_length() + 1)})
         self.width = 16 * -(-(self.lc.context_limit + self.lc.tokens_per_step) // 16)  # output columns per row
         self.draft = draft_name if speculative else "none"
@@ -121,6 +140,7 @@ class SlotEngine:
         self._dtype = gen.target_params["embed"].dtype
         self._waiting: deque[Request] = deque()
         self._rows: dict[int, _Row] = {}  # slot -> its row (touched by the loop thread only)
+        self._filling: dict[int, _Row] = {}  # slot -> a row whose prompt is being prefilled, oldest first
         self._running = 0
         self.steps: dict[int, int] = {}  # steps taken by draft depth, 0 = plain (the loop thread's count)
         self.catch_ups = 0  # catch_up calls (the loop thread's count)
@@ -133,7 +153,7 @@ class SlotEngine:
         self._state = self._empty()
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
         depths = (0,) + _depths(self.depth) if adaptive else (self.depth,)
-        self.warm_buckets, costs = self._warm_up(warm_prompt_tokens, depths)
+        costs = self._warm_up(depths)
         if adaptive:
             self._policy = _DraftPolicy(costs, self.depth)
         self.warmup_s = time.perf_counter() - t0
@@ -145,14 +165,14 @@ class SlotEngine:
     def info(self) -> dict:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
-                "warmup_s": round(self.warmup_s, 2), "warm_prompt_buckets": self.warm_buckets,
+                "warmup_s": round(self.warmup_s, 2), "prefill_chunk": self.prefill_chunk,
                 "adaptive": self._policy is not None, "steps": {str(d): n for d, n in sorted(self.steps.items())},
                 "catch_ups": self.catch_ups}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)
         n = len(prompt_ids)
-        if n >= self.context_limit or _bucket(n, self.gen.prefill_chunk) > self.max_len:
+        if n >= self.context_limit or -(-n // self.prefill_chunk) * self.prefill_chunk > self.max_len:
             raise ValueError(f"the prompt has {n} tokens; this engine's rows hold {self.context_limit}, "
                              f"leaving no room to generate")
 
@@ -203,23 +223,34 @@ class SlotEngine:
         feats, feat_tokens = loop.create_feats(self.lc, self.slots, self.max_len)
         return zeros.replace(done=jnp.ones((self.slots,), bool), feats=feats, feat_tokens=feat_tokens)
 
-    def _insert(self, slot: int, ids: list[int], s: Sampling) -> None:
-        """Prefill one request and write it into `slot`; a lazy drafter is then behind by its prompt."""
-        self._state = loop.insert_jit(self._state, self._prefill(ids, s), slot)
-        if self.lc.catch_up_width:
-            self._behind = max(self._behind, len(ids))
-
-    def _prefill(self, ids: list[int], s: Sampling) -> loop.DecodeState:
-        """One request's one-row state: prompt through target (and drafter), first token emitted."""
-        p = _bucket(len(ids), self.gen.prefill_chunk)
-        tokens = np.zeros((1, p), np.int32)
+    def _fill(self, slot: int, ids: list[int], sampling: Sampling) -> _Fill:
+        """Start prefilling a prompt into `slot`: one-row caches and buffers."""
+        tokens = np.zeros((1, self.max_len), np.int32)
         tokens[0, :len(ids)] = ids
-        max_new = min(s.max_tokens, self.context_limit - len(ids))
+        tcache, dcache = loop.create_caches(self.lc, 1, self.max_len, self._dtype)
+        feats, _ = loop.create_feats(self.lc, 1, self.max_len)
+        return _Fill(slot, len(ids), sampling, tokens, 0, tcache, dcache, feats)
+
+    def _prefill_chunk(self, f: _Fill) -> bool:
+        """One chunk of the prompt; after the last one, its first token and its slot in the
+        state. Whether the prompt is done (its row runs from the next step on)."""
+        c = self.prefill_chunk
+        f.tcache, f.feats, f.hidden = loop.prompt_chunk_jit(
+            self.gen.target_params, _put(f.tokens[:, f.done:f.done + c], np.int32), _put([f.done], np.int32),
+            f.tcache, f.feats, lc=self.lc)
+        f.done += c
+        if f.done < f.prompt_len:
+            return False
+        s = f.sampling
+        max_new = min(s.max_tokens, self.context_limit - f.prompt_len)
         keys = _keys_jit(_put([s.seed], np.int32), _put([s.seed_stream], np.int32))
-        caches = loop.create_caches(self.lc, 1, self.max_len, self._dtype)
-        return loop.prefill_jit(self.gen.target_params, self._dparams, self._vocab, _put(tokens, np.int32),
-                                _put([len(ids)], np.int32), _put([max_new], np.int32), keys,
-                                _params(s), *caches, lc=self.lc, out_width=self.width)
+        one = loop.start_row_jit(self.gen.target_params, f.hidden, _put(f.tokens, np.int32),
+                                 _put([f.prompt_len], np.int32), _put([max_new], np.int32), keys, _params(s),
+                                 f.tcache, f.dcache, f.feats, lc=self.lc, out_width=self.width)
+        self._state = loop.insert_jit(self._state, one, f.slot)
+        if self.lc.catch_up_width:
+            self._behind = max(self._behind, f.prompt_len)
+        return True
 
     def _bucket(self) -> int:
         """The row bucket that holds every occupied slot."""
@@ -248,18 +279,16 @@ class SlotEngine:
             mask[slots] = True
             self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
-    def _warm_up(self, prompt_tokens: int, depths: tuple[int, ...]) -> tuple[list[int], dict]:
-        """Compile and run once: the prefill of each prompt bucket up to `prompt_tokens`, the insert,
-        the step of each row bucket and draft depth (with several depths, each then timed: the least
-        of three runs, as the first runs after a compile are slow; the first drafting step after plain
-        ones also compiles the catch-up), the read and the finish. Returns
-        the prompt buckets and {(rows, depth): seconds} (empty with one depth); leaves every slot free."""
-        chunk = self.gen.prefill_chunk
-        limit = min(prompt_tokens, self.context_limit - 1)
-        buckets = sorted({_bucket(n, chunk) for n in range(1, limit + 1)} & set(range(self.max_len + 1)))
+    def _warm_up(self, depths: tuple[int, ...]) -> dict:
+        """Compile and run once: a prefill (its chunks, first token and insert), the step of
+        each row bucket and draft depth (with several depths, each then timed: the least of
+        three runs, as the first runs after a compile are slow; the first drafting step after
+        plain ones also compiles the catch-up), the read and the finish. Returns
+        {(rows, depth): seconds} (empty with one depth); leaves every slot free."""
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
-        for p in buckets:
-            self._insert(0, [0] * min(p, limit), warm)
+        fill = self._fill(0, [0] * min(self.prefill_chunk + 1, self.context_limit - 1), warm)
+        while not self._prefill_chunk(fill):
+            pass
         costs = {}
         for rows in self.row_buckets:
             for depth in depths:
@@ -269,14 +298,14 @@ class SlotEngine:
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
-        return buckets, costs
+        return costs
 
     # ------------------------------------------------------------ the loop thread
 
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not (self.closed or self._waiting or self._rows):
+                while not (self.closed or self._waiting or self._rows or self._filling):
                     self._wake.wait()
                 if self.closed:
                     break
@@ -287,8 +316,23 @@ class SlotEngine:
         self._abort_all()
 
     def _iterate(self) -> None:
-        """Admit what fits, then one step over the occupied slots' bucket; every row observed after each."""
-        if self._admit():
+        """Admit what fits; prefill a chunk (whole prompts while no row runs); then one step
+        over the occupied slots' bucket; every row observed after each."""
+        self._admit()
+        started = False
+        while self._filling:
+            row = next(iter(self._filling.values()))
+            if row.req.cancelled:
+                self._drop_filling(row)
+                continue
+            if self._prefill_chunk(row.fill):
+                del self._filling[row.slot]
+                row.fill = None
+                self._rows[row.slot] = row
+                started = True
+            if self._rows:
+                break
+        if started:
             self._observe()
         if self._rows:
             rows = self._bucket()
@@ -299,24 +343,27 @@ class SlotEngine:
             if self._policy:
                 self._policy.observe(rows, depth, seconds, counts)
 
-    def _admit(self) -> bool:
-        """Prefill waiting requests into free slots; drop cancelled ones. Whether any was admitted."""
-        admitted = False
-        while True:
-            with self._wake:
-                for req in [r for r in self._waiting if r.cancelled]:
-                    self._waiting.remove(req)
-                    req.push(Done("abort", len(req.prompt_ids), 0, None, time.monotonic() - req.arrived))
-                free = [s for s in range(self.slots) if s not in self._rows]
-                if not free or not self._waiting:
-                    return admitted
-                req = self._waiting.popleft()
-                self._running += 1
-            slot = free[0]
-            self._rows[slot] = _Row(req, slot, len(req.prompt_ids), _StreamText(self.tokenizer, req.sampling.stop),
-                                    time.monotonic())
-            self._insert(slot, req.prompt_ids, req.sampling)
-            admitted = True
+    def _admit(self) -> None:
+        """Give waiting requests free slots to be prefilled into; drop cancelled ones."""
+        with self._wake:
+            for req in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(req)
+                req.push(Done("abort", len(req.prompt_ids), 0, None, time.monotonic() - req.arrived))
+            free = [s for s in range(self.slots) if s not in self._rows and s not in self._filling]
+            taken = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+            self._running += len(taken)
+        for slot, req in zip(free, taken):
+            row = _Row(req, slot, len(req.prompt_ids), _StreamText(self.tokenizer, req.sampling.stop),
+                       time.monotonic())
+            row.fill = self._fill(slot, req.prompt_ids, req.sampling)
+            self._filling[slot] = row
+
+    def _drop_filling(self, row: _Row) -> None:
+        """A request cancelled while its prompt was being prefilled."""
+        with self._wake:
+            del self._filling[row.slot]
+            self._running -= 1
+        row.req.push(Done("abort", row.prompt_len, 0, None, time.monotonic() - row.req.arrived))
 
     def _observe(self) -> list[int]:
         """Read every row's new tokens; push their text; end the rows that are over. Returns the
@@ -374,8 +421,9 @@ class SlotEngine:
     def _drain(self) -> list[Request]:
         """Forget every running and waiting request; returns them."""
         with self._wake:
-            reqs = [row.req for row in self._rows.values()] + list(self._waiting)
+            reqs = [row.req for row in (*self._rows.values(), *self._filling.values())] + list(self._waiting)
             self._rows.clear()
+            self._filling.clear()
             self._waiting.clear()
             self._running = 0
         return reqs

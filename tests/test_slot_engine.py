@@ -28,13 +28,14 @@ from eagle_jax.spec import loop
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
            "The largest planet is", "Water boils at", "My favourite colour is"]
 SLOTS = 3
+CHUNK = 16  # prompt tokens prefilled a call
 
 
 def _engine(gen):
     # Drafting at every step (adaptive=False): the tests below check the drafts' statistics;
     # test_steps_that_change_the_draft_depth checks an adaptive engine's switching.
     return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, adaptive=False,
-                      warm_prompt_tokens=16)
+                      prefill_chunk=CHUNK)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def _check_alone(gen, prompt, max_tokens, text, done, **kw):
 def test_warm_up_is_reported(served):
     gen, engine = served
     info = engine.info()
-    assert info["engine"] == "slots" and info["slots"] == SLOTS and info["warm_prompt_buckets"] == [16]
+    assert info["engine"] == "slots" and info["slots"] == SLOTS and info["prefill_chunk"] == CHUNK
     assert info["row_buckets"] == [1, 2, 3]
     assert info["warmup_s"] > 0
     assert info["method"] == (gen.spec.method if gen.speculative else "plain")
@@ -154,6 +155,39 @@ def test_a_lone_request_steps_one_row(plain, monkeypatch):
     text, done = asyncio.run(alone())
     _check_alone(gen, PROMPTS[2], 8, text, done)
     assert done.extra["slot"] == 0 and rows and set(rows) == {1}
+
+
+def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, monkeypatch):
+    """A newcomer's prompt of several chunks goes in one chunk between two steps of the row that
+    runs; both answers equal each prompt alone."""
+    gen, engine = any_method
+    calls, chunk, step = [], loop.prompt_chunk_jit, loop.step_rows_jit
+
+    def spy(name, fn):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(loop, "prompt_chunk_jit", spy("chunk", chunk))
+    monkeypatch.setattr(loop, "step_rows_jit", spy("step", step))
+    running, newcomer = PROMPTS[3], " ".join(PROMPTS[:6])
+    n_chunks = -(-len(_ids(gen, newcomer)) // CHUNK)
+    assert n_chunks >= 3
+
+    async def scenario():
+        started = asyncio.Event()
+        first = asyncio.create_task(_collect(engine.submit(_ids(gen, running), Sampling(max_tokens=40), stream=True),
+                                             started))
+        await started.wait()
+        second = await _collect(engine.submit(_ids(gen, newcomer), Sampling(max_tokens=8), stream=True))
+        return await first, second
+
+    (text, done), (text2, done2) = asyncio.run(scenario())
+    _check_alone(gen, running, 40, text, done)
+    _check_alone(gen, newcomer, 8, text2, done2)
+    where = [i for i, c in enumerate(calls) if c == "chunk"][-n_chunks:]  # the newcomer's chunks
+    assert all("step" in calls[a:b] for a, b in zip(where, where[1:]))
 
 
 def test_cancel_mid_way_leaves_the_others_and_frees_the_slot(chain):
@@ -207,7 +241,7 @@ def test_new_sampling_settings_compile_nothing(served):
         if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration"):
             compiles.append(event)
 
-    jitted = (loop.prefill_jit, loop.step_rows_jit, loop.insert_jit)
+    jitted = (loop.prompt_chunk_jit, loop.start_row_jit, loop.step_rows_jit, loop.insert_jit)
     sizes = [f._cache_size() for f in jitted]
     settings = [Sampling(max_tokens=12, temperature=0.73, top_p=0.91, top_k=17, seed=5),
                 Sampling(max_tokens=12, temperature=1.3, seed=11, seed_stream=2), Sampling(max_tokens=12)]
@@ -254,7 +288,7 @@ def test_served_through_the_openai_client(chain):
     add_arguments(parser)
     assert parser.parse_args(["--engine", "slots"]).engine == "slots" and parser.parse_args([]).engine == "batcher"
     server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default", engine="slots",
-                         max_batch=SLOTS, max_len=256, warm_prompt_tokens=48)
+                         max_batch=SLOTS, max_len=256)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
@@ -324,7 +358,7 @@ class _Cycle:
 def adaptive(chain):
     """An adaptive engine (its plain steps leave the drafter behind) on the chain fixture's Generator."""
     gen, _ = chain
-    engine = SlotEngine(gen, slots=2, max_len=256, warm_prompt_tokens=16, speculative=True)
+    engine = SlotEngine(gen, slots=2, max_len=256, prefill_chunk=CHUNK, speculative=True)
     yield gen, engine
     engine.close()
 

@@ -138,14 +138,20 @@ def _chunked_prefill(tparams, lc: LoopConfig, tokens, cache):
     chunks = (tokens.reshape(b, nc, c).swapaxes(0, 1), positions.reshape(b, nc, c).swapaxes(0, 1))
 
     def body(cache, xs):
-        tok, pos = xs
-        hidden, cache, aux = target.forward(tparams, lc.target, tok, pos, cache,
-                                            aux_layers=lc.aux_layers(), impl=lc.impl)
-        return cache.commit(jnp.full((b,), c, jnp.int32)), (hidden, aux)
+        hidden, cache, aux = _prompt_part(tparams, lc, *xs, cache)
+        return cache, (hidden, aux)
 
     cache, (hidden, aux) = jax.lax.scan(body, cache, chunks)
     unchunk = lambda x: None if x is None else x.swapaxes(0, 1).reshape(b, p, -1)
     return unchunk(hidden), cache, unchunk(aux)
+
+
+def _prompt_part(tparams, lc: LoopConfig, tokens, positions, cache: KVCache):
+    """The target over prompt tokens [B, C] at positions [B, C] (the cache's next C slots),
+    committed: (hidden [B, C, H], cache, aux [B, C, A*H] | None)."""
+    hidden, cache, aux = target.forward(tparams, lc.target, tokens, positions, cache,
+                                        aux_layers=lc.aux_layers(), impl=lc.impl)
+    return hidden, cache.commit(jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)), aux
 
 
 def create_caches(lc: LoopConfig, batch: int, cache_len: int, dtype) -> tuple[KVCache, KVCache | None]:
@@ -178,27 +184,15 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
     """
     b, p = tokens.shape
     hidden, tcache, aux = _chunked_prefill(tparams, lc, tokens, tcache)
-    tcache = tcache.replace(lengths=prompt_len.astype(jnp.int32))
-    last_logits = target.logits(tparams, lc.target, _last(hidden, prompt_len - 1), impl=lc.impl)
-    keys, sub = split_keys(keys, 2)
-    first = sample(sub, last_logits, sampling, impl=lc.impl)
-    state = DecodeState(
-        tcache=tcache, dcache=None, pending=first, root_hidden=None,
-        out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
-        done=jnp.zeros((b,), bool), prompt_len=prompt_len.astype(jnp.int32),
-        max_new=max_new.astype(jnp.int32), keys=keys, sampling=sampling,
-        stats=SpecStats.zeros(b, lc.spec.depth if lc.speculative else 0))
-    state, _ = _emit(state, lc, first[:, None], jnp.ones((b,), jnp.int32))
+    state = _start(tparams, lc, _last(hidden, prompt_len - 1), tcache, prompt_len, max_new, keys, sampling,
+                   out_width)
     if not lc.speculative:
         return state
-    # Drafter prefill: features at t paired with token t+1; the last real position gets `first`.
-    t = jnp.arange(p)[None]
-    shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
-    dtokens = jnp.where(t == (prompt_len - 1)[:, None], first[:, None], shifted)
-    dcfg = lc.drafter
+    dtokens = _drafter_tokens(tokens, prompt_len, state.pending)
     if lc.catch_up_width:
-        return state.replace(dcache=dcache, root_hidden=jnp.zeros((b, dcfg.hidden_size), tparams["embed"].dtype),
-                             feats=aux.astype(jnp.float32), feat_tokens=dtokens.astype(jnp.int32))
+        return _lazy(tparams, lc, state, dcache, aux.astype(jnp.float32), dtokens)
+    # Drafter prefill: features at t paired with token t+1.
+    dcfg = lc.drafter
     c = min(p, lc.prefill_chunk)
     nc = p // c
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -213,6 +207,68 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
     dcache, chunk_out = jax.lax.scan(body, dcache, (split(dtokens), split(positions), split(aux)))
     root_hidden = chunk_out[(prompt_len - 1) // c, jnp.arange(b)]
     return state.replace(dcache=dcache.replace(lengths=prompt_len.astype(jnp.int32)), root_hidden=root_hidden)
+
+
+def _start(tparams, lc: LoopConfig, last_hidden, tcache: KVCache, prompt_len, max_new, keys,
+           sampling: SamplingParams | None, out_width: int) -> DecodeState:
+    """The state after a prompt: its cache, the first token sampled from the last
+    prompt position's hidden state last_hidden [B, H] and emitted; no drafter yet."""
+    b = prompt_len.shape[0]
+    last_logits = target.logits(tparams, lc.target, last_hidden, impl=lc.impl)
+    keys, sub = split_keys(keys, 2)
+    first = sample(sub, last_logits, sampling, impl=lc.impl)
+    state = DecodeState(
+        tcache=tcache.replace(lengths=prompt_len.astype(jnp.int32)), dcache=None, pending=first,
+        root_hidden=None, out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
+        done=jnp.zeros((b,), bool), prompt_len=prompt_len.astype(jnp.int32),
+        max_new=max_new.astype(jnp.int32), keys=keys, sampling=sampling,
+        stats=SpecStats.zeros(b, lc.spec.depth if lc.speculative else 0))
+    state, _ = _emit(state, lc, first[:, None], jnp.ones((b,), jnp.int32))
+    return state
+
+
+def _drafter_tokens(tokens, prompt_len, first):
+    """The token after each prompt position [B, P]: the prompt shifted left, and the first
+    generated token first [B] after the last one (what the drafter pairs with each feature)."""
+    b, p = tokens.shape
+    shifted = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
+    return jnp.where(jnp.arange(p)[None] == (prompt_len - 1)[:, None], first[:, None], shifted).astype(jnp.int32)
+
+
+def _lazy(tparams, lc: LoopConfig, state: DecodeState, dcache, feats, feat_tokens) -> DecodeState:
+    """A prefilled state whose drafter has read nothing: `catch_up` reads the prompt's
+    features feats [B, P, A*H] (float32) and feat_tokens [B, P] later."""
+    b = state.pending.shape[0]
+    return state.replace(dcache=dcache, root_hidden=jnp.zeros((b, lc.drafter.hidden_size), tparams["embed"].dtype),
+                         feats=feats, feat_tokens=feat_tokens)
+
+
+def prompt_chunk(tparams, tokens, start, tcache: KVCache, feats, *, lc: LoopConfig):
+    """One chunk of a prompt prefilled a chunk at a time (a slot engine between steps):
+    tokens [B, C] at positions start [B] + j, where start is the cache's committed length.
+    With a drafter (`lc.catch_up_width` > 0) their features go to feats [B, S, A*H] (float32)
+    at those positions. Returns (tcache committed, feats, hidden [B, C, H])."""
+    positions = start[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+    hidden, tcache, aux = _prompt_part(tparams, lc, tokens, positions, tcache)
+    if feats is not None:
+        feats = jax.vmap(lambda f, a, s: jax.lax.dynamic_update_slice_in_dim(f, a, s, 0))(
+            feats, aux.astype(feats.dtype), start)
+    return tcache, feats, hidden
+
+
+def start_row(tparams, hidden, tokens, prompt_len, max_new, keys, sampling: SamplingParams | None,
+              tcache: KVCache, dcache: KVCache | None, feats, *, lc: LoopConfig, out_width: int) -> DecodeState:
+    """The state after `prompt_chunk` has run over a whole prompt: hidden [B, C, H] is its last
+    chunk's, which ends at or after position prompt_len - 1 (a multiple of C); tokens [B, S]
+    the prompt, padded to the feature buffer's width. A drafter must be lazy (`lc.catch_up_width`)."""
+    c = hidden.shape[1]
+    last = _last(hidden, (prompt_len - 1) % c)
+    state = _start(tparams, lc, last, tcache, prompt_len, max_new, keys, sampling, out_width)
+    if not lc.speculative:
+        return state
+    if not lc.catch_up_width:
+        raise ValueError("start_row needs a lazy drafter (LoopConfig.catch_up_width > 0)")
+    return _lazy(tparams, lc, state, dcache, feats, _drafter_tokens(tokens, prompt_len, state.pending))
 
 
 def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeState:
@@ -389,6 +445,8 @@ def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
 
 
 prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
+prompt_chunk_jit = jax.jit(prompt_chunk, static_argnames=("lc",), donate_argnames=("tcache", "feats"))
+start_row_jit = jax.jit(start_row, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache", "feats"))
 run_jit = jax.jit(run, static_argnames=("lc",), donate_argnames=("state",))
 step_jit = jax.jit(step, static_argnames=("lc", "depth"), donate_argnames=("state",))
 step_rows_jit = jax.jit(step_rows, static_argnames=("lc", "rows", "depth"), donate_argnames=("state",))

@@ -90,9 +90,13 @@ def results(tmp_path):
                               "tokens_per_s_unbatched": 20.0, "tokens_per_s_batched": 61.0,
                               "latency_mean_s_unbatched": 9.5, "latency_mean_s_batched": 4.2,
                               "speedup_paired_median": 3.05, "same_texts_rounds": 1}}})
+    pct = lambda p50, p99: {"p50": p50, "p99": p99}
     level = lambda p, e: {"per_user_tokens_per_s": {"plain": p, "eagle": e}, "speedup_paired_median": e / p,
+                          "total_tokens_per_s": {"plain": 2 * p, "eagle": 2 * e},
                           "latency_mean_s": {"plain": 3.0, "eagle": 2.5}, "same_texts": 4, "replies": 4,
-                          "batch_sizes": {"plain": [4], "eagle": [3, 4]}}
+                          "ttft_s": {"plain": pct(0.5, 0.9), "eagle": pct(0.6, 1.0)},
+                          "itl_s": {"plain": pct(0.02, 0.2), "eagle": pct(0.025, 0.3)},
+                          "eagle_steps_by_depth": {"0": 3, "1": 7}}
     _write(rd / "serve-concurrency-1.json", {
         **head, "suite": "serve", "mode": "concurrency", "date": "2026-01-02T00:00:00",
         "command": "eagle-jax bench --suite serve",
@@ -116,8 +120,11 @@ def test_render_writes_tables_captions_and_figures(results, tmp_path):
     assert "| `chain-k2/random-eagle3.1` |" in text
     assert "speed-quick-0.json" in text  # the older file is listed, not rendered
     assert "| plain | 20.0 | 61.0 | 3.05 | 9.5 / 4.2 | 8 | 1 / 1 | 30 |" in text
-    assert "| 1 | 40.0 | 52.0 | 1.30 | 3.0 / 2.5 | 4 / 4 | 3, 4 |" in text  # the slot engine's concurrency table
-    assert "| 4 | 25.0 | 21.5 | 0.86 |" in text and "plain 20.0 s, eagle 26.0 s" in text
+    # the slot engine's concurrency table: per-user and total tok/s, TTFT s and ITL ms p50 / p99
+    assert ("| 1 | 40.0 / 52.0 | 1.30 | 80.0 / 104.0 | 0.50 / 0.90 | 0.60 / 1.00 | 20 / 200 | 25 / 300 | 4 / 4 | "
+            "0: 3, 1: 7 |") in text
+    assert "| 4 | 25.0 / 21.5 | 0.86 |" in text and "plain 20.0 s, eagle 26.0 s" in text
+    assert "serve-concurrency-1-throughput.png" in os.listdir(results)
     # every table is preceded (within a few lines) by a caption naming command, machine, date
     lines = text.splitlines()
     for i, line in enumerate(lines):
