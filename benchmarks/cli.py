@@ -111,8 +111,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-concurrency", default="1,4,16",
                    help="serve: concurrent users, comma-separated (the slot engine has as many slots as the most)")
     p.add_argument("--prefill-chunk", type=int, default=64,
-                   help="serve: prompt tokens the slot engine prefills a call, one such chunk between two steps "
-                        "(at most a row's length: larger values prefill whole prompts)")
+                   help="serve: prompt tokens the slot engine prefills a call")
+    p.add_argument("--prefill-budget", type=int, default=256,
+                   help="serve: most prompt tokens the slot engine prefills between two steps while rows "
+                        "decode (0: every waiting prompt before the next step)")
 
 
 def _settings(args) -> dict:

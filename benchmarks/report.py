@@ -505,7 +505,8 @@ def render_serve(r: dict, docs_path: str) -> str:
     out = [f"### Per-user throughput at concurrency {', '.join(map(str, st.get('concurrency', [])))} "
            f"({r.get('date', '?')[:10]})", "", caption(r), "",
            f"`eagle-jax serve --engine slots` in-process ({st.get('slots')} slots, max_len {st.get('max_len')}, "
-           f"prompts prefilled {st.get('prefill_chunk', 'whole')} tokens a call), "
+           f"prompts prefilled {st.get('prefill_chunk', 'whole')} tokens a call, at most "
+           f"{st.get('prefill_budget') or 'every waiting prompt'} tokens between two steps), "
            f"plain against EAGLE ({st.get('draft')}, at every batch size, each step at the draft depth its "
            f"policy picks: `eagle_drafts` {st.get('eagle_drafts', 'every step')}); at concurrency c, c greedy "
            f"chat requests (HumanEval) sent at once, {st.get('max_new_tokens')} new tokens each; a user's "

@@ -124,10 +124,10 @@ def run(args, log) -> dict:
     bodies = [{"messages": [{"role": "user", "content": p.text}], "max_tokens": max_new} for p in prompts]
     longest = max(len(target.tokenizer.apply_chat(b["messages"])) for b in bodies)
     max_len = 64 * -(-(longest + max_new + 64) // 64)
-    chunk = min(args.prefill_chunk, max_len)  # a chunk as long as a row: whole prompts
     result["settings"] = {"concurrency": levels, "max_new_tokens": max_new, "rounds": rounds, "slots": levels[-1],
                           "max_len": max_len, "dataset": "humaneval", "temperature": 0.0, "draft": draft,
-                          "engine": "slots", "prefill_chunk": chunk, "eagle_drafts": "adaptive"}
+                          "engine": "slots", "prefill_chunk": args.prefill_chunk,
+                          "prefill_budget": args.prefill_budget, "eagle_drafts": "adaptive"}
     drafter = load_drafter_by_name(draft, target.cfg, args.target, dtype=dtype)
     gens = {"plain": Generator(target.cfg, target.params, target.tokenizer),
             "eagle": Generator(target.cfg, target.params, target.tokenizer, drafter=drafter,
@@ -137,7 +137,7 @@ def run(args, log) -> dict:
         for name, gen in gens.items():
             t0 = time.perf_counter()
             servers[name] = make_server(gen, "127.0.0.1", 0, engine="slots", max_batch=levels[-1], max_len=max_len,
-                                        prefill_chunk=chunk,
+                                        prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget,
                                         draft_name=draft if name == "eagle" else "none")
             threading.Thread(target=servers[name].serve_forever, daemon=True).start()
             warm[name] = time.perf_counter() - t0

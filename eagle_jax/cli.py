@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
               "rewrite assistant turns with the target (self-distillation data for train)")
     _optional(sub, "bench", "eagle_jax.benchmarks.cli", "benchmarks and the evaluation report")
     _optional(sub, "serve", "eagle_jax.serve.server", "HTTP server around the Generator")
+    _optional(sub, "plan", "eagle_jax.plan", "per-device memory of a target and drafter on a mesh")
     return parser
 
 

@@ -394,17 +394,17 @@ class Server:
 
 def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "eagle-jax",
                 draft_name: str = "none", engine: str = "batcher", max_batch: int = 8, batch_window_s: float = 0.005,
-                max_len: int = 1024, prefill_chunk: int = 64, limits: Limits = Limits(),
+                max_len: int = 1024, prefill_chunk: int = 64, prefill_budget: int = 256, limits: Limits = Limits(),
                 api_key: str | None = None, sock: socket.socket | None = None) -> Server:
     """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port.
 
     engine "batcher": BatcherEngine (max_batch, batch_window_s); "slots": SlotEngine with max_batch
-    slots (max_len, prefill_chunk; it compiles before this returns)."""
+    slots (max_len, prefill_chunk, prefill_budget; it compiles before this returns)."""
     if engine == "slots":
         from eagle_jax.serve.slots import SlotEngine
 
         backend = SlotEngine(generator, slots=max_batch, max_len=max_len, draft_name=draft_name,
-                             prefill_chunk=prefill_chunk)
+                             prefill_chunk=prefill_chunk, prefill_budget=prefill_budget)
     elif engine == "batcher":
         backend = BatcherEngine(generator, draft_name=draft_name, max_batch=max_batch, batch_window_s=batch_window_s)
     else:

@@ -113,8 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=1024,
                    help="slots engine: cache slots per row, prompt and answer (and a step's scratch) together")
     p.add_argument("--prefill-chunk", type=int, default=64,
-                   help="slots engine: prompt tokens prefilled a call; while other rows decode, one such "
-                        "chunk runs between two of their steps")
+                   help="slots engine: prompt tokens prefilled a call (one program for every prompt length)")
+    p.add_argument("--prefill-budget", type=int, default=256,
+                   help="slots engine: most prompt tokens prefilled between two steps while rows decode "
+                        "(0: every waiting prompt before the next step)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the oldest waiting request waits for others to batch with")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
@@ -152,7 +154,7 @@ def main(args) -> int:
     name = args.served_model_name or args.target
     server = make(gen, model_name=name, draft_name=args.draft, engine=args.engine, max_batch=args.max_batch,
                   batch_window_s=args.batch_window_ms / 1000, max_len=args.max_len,
-                  prefill_chunk=args.prefill_chunk, limits=limits, api_key=args.api_key, sock=sock)
+                  prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget, limits=limits, api_key=args.api_key, sock=sock)
     host, port = server.server_address
     print(f"eagle-jax serve: http://{host}:{port} (model {name!r}, draft "
           f"{server.engine.info()['draft']}{', API key required' if args.api_key else ''})", flush=True)

@@ -9,9 +9,10 @@ serves every mix of requests. One host thread runs the loop:
 
 1. admit: each waiting request takes a free slot and is prefilled alone
    (batch 1), `prefill_chunk` prompt tokens a call (`loop.prompt_chunk_jit`,
-   one program for every prompt length), one chunk between two steps while
-   other rows decode (so a newcomer's prompt stalls them for one chunk, not
-   for its whole prompt), back to back while none does; after its last chunk
+   one program for every prompt length), oldest first, up to `prefill_budget`
+   prompt tokens between two steps while other rows decode (so newcomers
+   stall them for that long at most; 0: no limit), back to back while none
+   does; after its last chunk
    it samples its first token (`loop.start_row_jit`) and is written into its
    slot (`loop.insert_jit`; the slot is a traced index: one program for every slot);
 2. step: one `loop.step_rows_jit` over the slots up to the highest occupied
@@ -113,7 +114,8 @@ class SlotEngine:
     """Continuous batching over `slots` rows of `max_len` cache slots (serve/engine.py's interface)."""
 
     def __init__(self, generator, *, slots: int = 4, max_len: int = 1024, draft_name: str = "none",
-                 speculative: bool | None = None, adaptive: bool = True, prefill_chunk: int = 64):
+                 speculative: bool | None = None, adaptive: bool = True, prefill_chunk: int = 64,
+                 prefill_budget: int = 256):
         gen = self.gen = generator
         if gen.tokenizer is None:
             raise ValueError("the slot engine streams text: the target needs a tokenizer")
@@ -121,6 +123,8 @@ class SlotEngine:
             raise ValueError(f"need slots >= 1, got {slots}")
         if not 16 <= prefill_chunk <= max_len:
             raise ValueError(f"prefill_chunk must be in [16, max_len={max_len}], got {prefill_chunk}")
+        if prefill_budget < 0:
+            raise ValueError(f"prefill_budget must be >= 0 (0: no limit), got {prefill_budget}")
         speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
         adaptive = adaptive and speculative
         # Prefills (and an adaptive engine's plain steps) leave the drafter behind; it catches up,
@@ -131,6 +135,7 @@ class SlotEngine:
         if self.lc.context_limit < 16:
             raise ValueError(f"max_len {max_len} leaves {self.lc.context_limit} tokens a row: need at least 16")
         self.slots, self.max_len, self.prefill_chunk = slots, max_len, prefill_chunk
+        self.prefill_budget = prefill_budget
         self.row_buckets = sorted({min(1 << i, slots) for i in range(slots.bit_length() + 1)})
         self.width = 16 * -(-(self.lc.context_limit + self.lc.tokens_per_step) // 16)  # output columns per row
         self.draft = draft_name if speculative else "none"
@@ -166,6 +171,7 @@ class SlotEngine:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "prefill_chunk": self.prefill_chunk,
+                "prefill_budget": self.prefill_budget,
                 "adaptive": self._policy is not None, "steps": {str(d): n for d, n in sorted(self.steps.items())},
                 "catch_ups": self.catch_ups}
 
@@ -257,14 +263,21 @@ class SlotEngine:
         top = max(self._rows) + 1
         return next(b for b in self.row_buckets if b >= top)
 
+    def _catch_up(self, rows: int) -> float:
+        """One catch-up call over the first `rows` slots; its seconds."""
+        t0 = time.perf_counter()
+        self._state = loop.catch_up_rows_jit(self.gen.target_params, self._dparams, self._state,
+                                             lc=self.lc, rows=rows)
+        jax.block_until_ready(self._state.root_hidden)
+        self.catch_ups += 1
+        return time.perf_counter() - t0
+
     def _step(self, rows: int, depth: int) -> float:
         """One step over the first `rows` slots, drafting `depth` levels (0: plain), the drafter
         first caught up if prefills or plain steps left it behind; returns the step's seconds."""
         while depth and self._behind > 0:
-            self._state = loop.catch_up_rows_jit(self.gen.target_params, self._dparams, self._state,
-                                                 lc=self.lc, rows=rows)
+            self._catch_up(rows)
             self._behind -= self.lc.catch_up_width
-            self.catch_ups += 1
         t0 = time.perf_counter()
         self._state = loop.step_rows_jit(self.gen.target_params, self._dparams, self._vocab, self._state,
                                          lc=self.lc, rows=rows, depth=depth)
@@ -282,9 +295,9 @@ class SlotEngine:
     def _warm_up(self, depths: tuple[int, ...]) -> dict:
         """Compile and run once: a prefill (its chunks, first token and insert), the step of
         each row bucket and draft depth (with several depths, each then timed: the least of
-        three runs, as the first runs after a compile are slow; the first drafting step after
-        plain ones also compiles the catch-up), the read and the finish. Returns
-        {(rows, depth): seconds} (empty with one depth); leaves every slot free."""
+        three runs, as the first runs after a compile are slow), the catch-up of each row bucket
+        (timed so too with several depths), the read and the finish. Returns
+        {(rows, depth or "catch_up"): seconds} (empty with one depth); leaves every slot free."""
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
         fill = self._fill(0, [0] * min(self.prefill_chunk + 1, self.context_limit - 1), warm)
         while not self._prefill_chunk(fill):
@@ -295,9 +308,14 @@ class SlotEngine:
                 self._step(rows, depth)
                 if len(depths) > 1:
                     costs[rows, depth] = min(self._step(rows, depth) for _ in range(3))
+            if self.lc.catch_up_width:  # compiled at the first call
+                catch_up = min(self._catch_up(rows) for _ in range(3))
+                if len(depths) > 1:
+                    costs[rows, "catch_up"] = catch_up
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
+        self.catch_ups = 0
         return costs
 
     # ------------------------------------------------------------ the loop thread
@@ -316,32 +334,41 @@ class SlotEngine:
         self._abort_all()
 
     def _iterate(self) -> None:
-        """Admit what fits; prefill a chunk (whole prompts while no row runs); then one step
-        over the occupied slots' bucket; every row observed after each."""
+        """Admit what fits; prefill up to `prefill_budget` prompt tokens (with no limit while no
+        row runs); then one step over the occupied slots' bucket; every row observed after each."""
         self._admit()
-        started = False
-        while self._filling:
+        started, spent = False, 0
+        while self._filling and not (self._rows and self.prefill_budget and spent >= self.prefill_budget):
             row = next(iter(self._filling.values()))
             if row.req.cancelled:
                 self._drop_filling(row)
                 continue
+            spent += self.prefill_chunk
             if self._prefill_chunk(row.fill):
                 del self._filling[row.slot]
                 row.fill = None
                 self._rows[row.slot] = row
                 started = True
-            if self._rows:
-                break
         if started:
             self._observe()
         if self._rows:
             rows = self._bucket()
-            depth = self._policy.choose(rows) if self._policy else self.depth
+            depth = self._policy.choose(rows, self._catch_up_calls(), self._horizon()) if self._policy else self.depth
             seconds = self._step(rows, depth)
             self.steps[depth] = self.steps.get(depth, 0) + 1
             counts = self._observe()
             if self._policy:
                 self._policy.observe(rows, depth, seconds, counts)
+
+    def _catch_up_calls(self) -> int:
+        """Catch-up calls the next drafting step would need first."""
+        return -(-self._behind // self.lc.catch_up_width) if self.lc.catch_up_width else 0
+
+    def _horizon(self) -> float:
+        """Tokens the running rows have left, on average (what a catch-up's cost is spread over)."""
+        left = [min(r.req.sampling.max_tokens, self.context_limit - r.prompt_len) - len(r.toks)
+                for r in self._rows.values()]
+        return max(1.0, sum(left) / len(left))
 
     def _admit(self) -> None:
         """Give waiting requests free slots to be prefilled into; drop cancelled ones."""
@@ -435,7 +462,7 @@ def _depths(deepest: int) -> tuple[int, ...]:
 
 
 class _DraftPolicy:
-    """The draft depth of each step (0: plain), by expected tokens per second.
+    """The draft depth of each step (0: plain), by expected seconds per token.
 
     A step at depth d over a row bucket takes `cost[rows, d]` seconds (running
     means, seeded by the warm-up's timings) and emits 1 + accept[0] + ... +
@@ -444,15 +471,19 @@ class _DraftPolicy:
     chain cut to d tokens accepts min(accepted, d)), with Laplace's prior
     ((hits + 1) / (trials + 2): one row a step at concurrency 1 is a noisy
     sample) over counts that decay by `decay` a step, so they follow the rows
-    running now. While a shallower depth wins, a deepest step measures every
-    position again after `probe` of them, then after twice as many each time
-    (up to 8x), unless it could not win even if every draft were accepted.
+    running now. A drafting step first pays for the catch-up calls that bring
+    the drafter level after new prompts or plain steps (`cost[rows, "catch_up"]`
+    each); drafting goes on once started, so that cost is spread over the
+    tokens the rows have left (`horizon`). While a shallower depth wins, a
+    deepest step measures every position again after `probe` of them, then
+    after twice as many each time (up to 8x), unless it could not win even if
+    every draft were accepted.
     """
 
-    def __init__(self, costs: dict[tuple[int, int], float], deepest: int, probe: int = 16, keep: float = 0.8,
-                 decay: float = 0.95):
+    def __init__(self, costs: dict[tuple[int, int | str], float], deepest: int, probe: int = 16,
+                 keep: float = 0.8, decay: float = 0.95):
         self.cost = dict(costs)
-        self.depths = sorted({d for _, d in costs})
+        self.depths = sorted({d for _, d in costs if d != "catch_up"})
         self.deepest, self.probe, self.keep, self.decay = deepest, probe, keep, decay
         self._hits, self._trials = [0.0] * deepest, [0.0] * deepest
         self._shallow_run, self._wait = 0, probe
@@ -465,15 +496,23 @@ class _DraftPolicy:
         """Expected tokens a row from a step at `depth`."""
         return 1.0 + sum(self.accept[:depth])
 
-    def choose(self, rows: int) -> int:
-        best = max(self.depths, key=lambda d: self.tokens(d) / self.cost[rows, d])
+    def seconds_per_token(self, rows: int, depth: int, catch_up_calls: int = 0, horizon: float = 1.0,
+                          tokens: float | None = None) -> float:
+        """A row's expected seconds per token at `depth` (tokens: as if each step emitted that many)."""
+        per_step = self.cost[rows, depth] / (self.tokens(depth) if tokens is None else tokens)
+        return per_step + (catch_up_calls * self.cost[rows, "catch_up"] / horizon if depth and catch_up_calls else 0.0)
+
+    def choose(self, rows: int, catch_up_calls: int = 0, horizon: float = 1.0) -> int:
+        """The depth of the next step over `rows` rows, whose drafter is `catch_up_calls` behind
+        and which have `horizon` tokens left on average."""
+        cost = partial(self.seconds_per_token, rows, catch_up_calls=catch_up_calls, horizon=horizon)
+        best = min(self.depths, key=cost)
         if best == self.deepest:
             self._shallow_run, self._wait = 0, self.probe
             return best
         self._shallow_run += 1
         # No probe where even accepting every draft would not beat `best` (many rows: plain for good).
-        if self._shallow_run < self._wait or (self.deepest + 1) / self.cost[rows, self.deepest] < \
-                self.tokens(best) / self.cost[rows, best]:
+        if self._shallow_run < self._wait or cost(self.deepest, tokens=self.deepest + 1) > cost(best):
             return best
         self._shallow_run, self._wait = 0, min(2 * self._wait, 8 * self.probe)
         return self.deepest

@@ -35,7 +35,7 @@ def _engine(gen):
     # Drafting at every step (adaptive=False): the tests below check the drafts' statistics;
     # test_steps_that_change_the_draft_depth checks an adaptive engine's switching.
     return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, adaptive=False,
-                      prefill_chunk=CHUNK)
+                      prefill_chunk=CHUNK, prefill_budget=CHUNK)
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +158,8 @@ def test_a_lone_request_steps_one_row(plain, monkeypatch):
 
 
 def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, monkeypatch):
-    """A newcomer's prompt of several chunks goes in one chunk between two steps of the row that
-    runs; both answers equal each prompt alone."""
+    """A newcomer's prompt of several chunks goes in one chunk (the budget) between two steps of the
+    row that runs; both answers equal each prompt alone."""
     gen, engine = any_method
     calls, chunk, step = [], loop.prompt_chunk_jit, loop.step_rows_jit
 
@@ -346,7 +346,7 @@ class _Cycle:
     def __init__(self, deepest):
         self.order, self.n, self.seen = [deepest, 0, 1], 0, []
 
-    def choose(self, rows):
+    def choose(self, rows, catch_up_calls, horizon):
         self.n += 1
         return self.order[self.n % 3]
 
@@ -410,3 +410,13 @@ def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
         policy.observe(4, 2, 0.060, [3, 3, 3, 3])  # the rows now accept every draft, and the step is cheaper
     assert policy.choose(4) == 2
     assert policy.accept[1] > 0.85
+
+
+def test_draft_policy_spreads_a_catch_up_over_the_tokens_left():
+    policy = _DraftPolicy({(1, 0): 0.020, (1, 1): 0.025, (1, "catch_up"): 0.010}, deepest=1, probe=1000)
+    for _ in range(20):
+        policy.observe(1, 1, 0.025, [2])  # every draft accepted: about 1.95 tokens a step
+    assert policy.choose(1) == 1  # level: 1.95 tokens / 25 ms beats 1 / 20 ms
+    # 13 catch-up calls behind (a 200-token prompt): 130 ms spread over 8 tokens left loses, over 200 wins
+    assert policy.choose(1, catch_up_calls=13, horizon=8) == 0
+    assert policy.choose(1, catch_up_calls=13, horizon=200) == 1

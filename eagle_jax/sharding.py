@@ -1,0 +1,112 @@
+"""Logical axes of the target's and drafter's parameters and caches, and how they map onto a mesh.
+
+A mesh here has two axes, `data` (the batch) and `model` (tensor parallel).
+Every parameter dimension has a logical name (`TARGET_AXES`, `DRAFTER_AXES`,
+by leaf name); `RULES` maps a name onto a mesh axis or None (replicated):
+attention heads, the MLP's hidden dimension and the vocabularies go on
+`model`, the batch on `data`, as jax-ml/jax-llm-examples' llama3 and
+vllm-project/tpu-inference lay out Llama. A dimension is split only where
+its mesh axis divides it, in whole heads:
+
+- the fused q|k|v projection (`qkv`) splits piece by piece, so each model
+  shard holds whole heads of q, of k and of v; with fewer KV heads than the
+  axis, each shard keeps one KV head (copies of it: as tpu-inference and
+  vLLM replicate KV heads), and with a count that neither divides nor is a
+  multiple of the axis, the KV part (and the KV cache) stays whole;
+- the fused gate|up projection (`ffw2`) splits each half;
+- the KV cache (`cache_heads`) splits by KV head as the projection does.
+
+`per_device_elements` gives what one device holds of an array under these
+rules; `eagle-jax plan` (plan.py) adds them up. Nothing here needs devices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from eagle_jax.config import ConfigError
+
+__all__ = ["MeshShape", "RULES", "TARGET_AXES", "DRAFTER_AXES", "CACHE_AXES", "parse_mesh",
+           "per_device_elements"]
+
+RULES: dict[str, str | None] = {
+    "batch": "data",
+    "vocab": "model", "draft_vocab": "model",
+    "qkv": "model", "q_heads": "model", "ffw": "model", "ffw2": "model",
+    "cache_heads": "model",
+    "layers": None, "embed": None, "embed2": None, "head_dim": None, "aux": None, "aux_states": None,
+    "target_embed": None, "seq": None,
+}
+
+# Leaf name -> logical axes, in the parameter layout of docs/PARAMS.md (stacked target layers).
+TARGET_AXES: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"), "final_norm": ("embed",),
+    "attn_norm": ("layers", "embed"), "wqkv": ("layers", "embed", "qkv"), "bqkv": ("layers", "qkv"),
+    "wo": ("layers", "q_heads", "embed"), "bo": ("layers", "embed"),
+    "q_norm": ("layers", "head_dim"), "k_norm": ("layers", "head_dim"),
+    "mlp_norm": ("layers", "embed"), "w_gate_up": ("layers", "embed", "ffw2"), "w_down": ("layers", "ffw", "embed"),
+}
+DRAFTER_AXES: dict[str, tuple[str, ...]] = {
+    "fc": ("aux", "embed"), "fc_norm": ("aux_states", "target_embed"), "input_norm": ("aux",),
+    "norm": ("embed",), "lm_head": ("embed", "draft_vocab"), "embed": ("vocab", "embed"),
+    "input_layernorm": ("embed",), "hidden_norm": ("embed",), "post_attention_layernorm": ("embed",),
+    "wqkv": ("embed2", "qkv"), "bqkv": ("qkv",), "wo": ("q_heads", "embed"), "bo": ("embed",),
+    "w_gate_up": ("embed", "ffw2"), "w_down": ("ffw", "embed"),
+}
+CACHE_AXES = ("layers", "batch", "cache_heads", "seq", "head_dim")  # KVCache.k / .v
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    data: int
+    model: int
+
+    @property
+    def devices(self) -> int:
+        return self.data * self.model
+
+    def size(self, axis: str | None) -> int:
+        return {"data": self.data, "model": self.model, None: 1}[axis]
+
+
+def parse_mesh(text: str) -> MeshShape:
+    """"DATAxMODEL" (e.g. "2x4") -> MeshShape."""
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ConfigError(f"a mesh is DATAxMODEL with positive integers (e.g. 1x8), got {text!r}")
+    return MeshShape(int(parts[0]), int(parts[1]))
+
+
+def _heads_per_shard(heads: int, m: int) -> int:
+    """Heads one model shard holds: heads/m where m divides them; one (a copy) where heads
+    divide m; all of them otherwise."""
+    if heads % m == 0:
+        return heads // m
+    if m % heads == 0:
+        return 1
+    return heads
+
+
+def _dim_per_device(name: str, size: int, mesh: MeshShape, heads: tuple[int, int, int] | None) -> int:
+    """How much of a dimension of logical axis `name` one device holds."""
+    m = mesh.size(RULES[name])
+    if name in ("qkv", "q_heads", "cache_heads"):
+        num_heads, num_kv_heads, head_dim = heads
+        q = _heads_per_shard(num_heads, m) * head_dim
+        kv = _heads_per_shard(num_kv_heads, m) * head_dim
+        return {"qkv": q + 2 * kv, "q_heads": q, "cache_heads": kv // head_dim}[name]
+    if name == "ffw2":
+        half = size // 2
+        return 2 * (half // m if half % m == 0 else half)
+    return size // m if size % m == 0 else size
+
+
+def per_device_elements(shape: tuple[int, ...], axes: tuple[str, ...], mesh: MeshShape,
+                        heads: tuple[int, int, int] | None = None) -> int:
+    """Elements of an array of `shape` with logical `axes` that one device holds.
+    heads: (num_heads, num_kv_heads, head_dim) of the model the array belongs to,
+    needed for `qkv`, `q_heads` and `cache_heads`."""
+    if len(shape) != len(axes):
+        raise ValueError(f"shape {shape} has {len(shape)} dimensions, axes {axes} name {len(axes)}")
+    return math.prod(_dim_per_device(a, n, mesh, heads) for a, n in zip(axes, shape))

@@ -1,0 +1,101 @@
+"""`eagle-jax plan` and eagle_jax/sharding.py's rules: per-device bytes against real models and hand counts."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from eagle_jax.cli import main as cli_main
+from eagle_jax.config import ConfigError
+from eagle_jax.convert.bundled import load_drafter_by_name
+from eagle_jax.convert.hf import target_config_from_hf
+from eagle_jax.plan import plan, resolve_config
+from eagle_jax.sharding import MeshShape, parse_mesh
+
+GIB = 1 << 30
+
+
+def _llama(name: str):
+    return target_config_from_hf(resolve_config(name), name)
+
+
+def _nbytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def test_one_device_holds_every_weight_of_the_real_models(smollm2_target):
+    """At 1x1 the plan's weights are the loaded SmolLM2 and its bundled drafter, byte for byte."""
+    t = smollm2_target
+    dcfg, dparams, _ = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
+    out = plan(t.cfg, dcfg, MeshShape(1, 1), batch=2, context=256, verify_tokens=8, dtype="float32")
+    parts = out["bytes_per_device"]
+    assert parts["target weights"] == _nbytes(t.params)
+    assert parts["drafter weights"] == _nbytes(dparams)
+    layers, kv = t.cfg.num_layers, t.cfg.num_kv_heads * t.cfg.head_dim
+    assert parts["target KV cache"] == 2 * layers * 2 * (256 + 8) * kv * 4
+    assert out["notes"] == []
+
+
+def test_a_model_axis_of_3_splits_smollm2_by_whole_heads(smollm2_target):
+    cfg = smollm2_target.cfg  # 9 query heads, 3 KV heads of 64, MLP 1536, vocab 49152, tied embedding
+    h, l, d = cfg.hidden_size, cfg.num_layers, cfg.head_dim
+    one = plan(cfg, None, MeshShape(1, 1), batch=1, context=128, dtype="float32")["bytes_per_device"]
+    three = plan(cfg, None, MeshShape(1, 3), batch=1, context=128, dtype="float32")["bytes_per_device"]
+    per_layer = (h * (3 * d + 2 * d)  # q|k|v: 3 query heads, 1 K head, 1 V head
+                 + 3 * d * h  # o
+                 + h * 2 * 512 + 512 * h  # gate|up halves and down, 1536 / 3
+                 + 2 * h)  # the two norms, whole
+    assert three["target weights"] == 4 * (l * per_layer + 49152 // 3 * h + h)
+    assert three["target KV cache"] * 3 == one["target KV cache"]
+
+
+def test_heads_that_do_not_divide_the_axis_are_kept_whole(smollm2_target):
+    cfg = smollm2_target.cfg
+    out = plan(cfg, None, MeshShape(1, 2), batch=1, context=128, dtype="float32")
+    one = plan(cfg, None, MeshShape(1, 1), batch=1, context=128, dtype="float32")
+    assert out["bytes_per_device"]["target KV cache"] == one["bytes_per_device"]["target KV cache"]
+    assert any("9 query heads do not divide the model axis 2" in n for n in out["notes"])
+    assert any("3 KV heads do not divide" in n for n in out["notes"])
+
+
+def test_llama_8b_with_eagle3_on_8_and_16_way_tensor_parallel():
+    cfg, dcfg = _llama("llama-3.1-8b-instruct"), None
+    from eagle_jax.convert.drafter_config import drafter_config_from_dict
+
+    dcfg = drafter_config_from_dict(resolve_config("eagle3-llama-3.1-8b-instruct"), cfg)
+    assert (dcfg.draft_vocab_size, dcfg.aux_layer_ids) == (32000, (2, 16, 29))
+    full = plan(cfg, dcfg, MeshShape(1, 1), batch=8, context=8192, verify_tokens=60)["bytes_per_device"]
+    assert full["target weights"] == pytest.approx(2 * 8.03e9, rel=0.01)  # 8.03B parameters in bf16
+    tp8 = plan(cfg, dcfg, MeshShape(1, 8), batch=8, context=8192, verify_tokens=60)
+    parts = tp8["bytes_per_device"]
+    assert parts["target weights"] == pytest.approx(full["target weights"] / 8, rel=0.001)  # norms stay whole
+    assert parts["target KV cache"] * 8 == full["target KV cache"]  # 8 KV heads: one a shard
+    assert tp8["notes"] == []
+    tp16 = plan(cfg, dcfg, MeshShape(1, 16), batch=8, context=8192, verify_tokens=60)
+    assert tp16["bytes_per_device"]["target KV cache"] == parts["target KV cache"]  # a copy of one KV head a shard
+    assert any("8 KV heads < model axis 16: one head per shard, copied" in n for n in tp16["notes"])
+    dp = plan(cfg, dcfg, MeshShape(4, 2), batch=8, context=8192, verify_tokens=60)["bytes_per_device"]
+    assert dp["target KV cache"] * 8 == full["target KV cache"]  # 2 rows a data shard, 4 KV heads a model shard
+
+
+@pytest.mark.parametrize("recipe, fits", [
+    (["--target", "llama-3.1-8b-instruct", "--draft", "eagle3-llama-3.1-8b-instruct", "--mesh", "1x8",
+      "--batch", "8", "--context", "8192", "--device-memory-gib", "16"], True),  # TPU v5e-8
+    (["--target", "llama-3.1-70b-instruct", "--draft", "eagle3-llama-3.3-70b-instruct", "--mesh", "1x8",
+      "--batch", "16", "--context", "8192", "--device-memory-gib", "80"], True),  # 8 H100s
+    (["--target", "llama-3.1-70b-instruct", "--mesh", "1x1", "--device-memory-gib", "80"], False),
+])
+def test_plan_command_recipes(capsys, recipe, fits):
+    assert cli_main(["plan", *recipe]) == 0
+    out = capsys.readouterr().out
+    assert "target weights" in out and "drafter weights" in out or "--draft" not in recipe
+    assert ("does NOT fit" not in out) == fits
+
+
+def test_bad_mesh_and_unknown_config_are_one_line_errors(capsys):
+    with pytest.raises(ConfigError, match="DATAxMODEL"):
+        parse_mesh("8")
+    assert cli_main(["plan", "--target", "llama-3.1-8b-instruct", "--mesh", "2by4"]) == 2
+    assert cli_main(["plan", "--target", "no-such-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "DATAxMODEL" in err[0] and "llama-3.1-8b-instruct" in err[1]
