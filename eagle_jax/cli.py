@@ -9,6 +9,7 @@ import statistics
 import sys
 
 from eagle_jax.config import ConfigError, SpecConfig
+from eagle_jax.sharding import parse_mesh
 
 # A chain of k drafted tokens compiles k drafter steps and verifies k + 1 tokens; past 16 the
 # compile time runs into minutes while a drafter accepts a few tokens per step at best.
@@ -50,6 +51,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-top-k", type=int, default=SpecConfig.tree_top_k)
     p.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth)
     p.add_argument("--tree-total-tokens", type=int, default=SpecConfig.tree_total_tokens)
+    p.add_argument("--mesh", default=None,
+                   help="DATAxMODEL (e.g. 1x8): shard over the first DATA*MODEL devices by eagle_jax/sharding.py's "
+                        "rules, decoding through XLA (on CPU, simulate devices with XLA_FLAGS="
+                        "--xla_force_host_platform_device_count=N)")
     add_disable_by_batch_size(p)
     add_aux_semantics_argument(p)
 
@@ -102,7 +107,8 @@ def generator_from_args(args):
 
     spec = spec_from_args(args)
     with aux_layer_semantics_override(args.aux_layer_semantics):
-        return Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec)
+        return Generator.load(args.target, draft=args.draft, dtype=args.dtype, spec=spec,
+                              mesh=parse_mesh(args.mesh) if args.mesh else None)
 
 
 def _read_prompts(path: str) -> list[str]:

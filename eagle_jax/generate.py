@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eagle_jax.config import DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.config import ConfigError, DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
+from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, MeshShape, make_mesh, shard_cache, shard_params
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
@@ -71,8 +72,16 @@ class Generator:
     def __init__(self, target_cfg: TargetConfig, target_params, tokenizer=None, *,
                  drafter: tuple[DrafterConfig, dict, object] | None = None,
                  spec: SpecConfig = SpecConfig(), context_limit: int | None = None,
-                 prefill_chunk: int = 512, impl: str = "auto", unroll_layers: bool | None = None):
+                 prefill_chunk: int = 512, impl: str = "auto", unroll_layers: bool | None = None,
+                 mesh: MeshShape | None = None):
         self.target_cfg = target_cfg
+        self.mesh = None
+        if mesh is not None and mesh.devices > 1:
+            # Sharded through XLA's partitioner: the native CPU and Pallas kernels run on one device.
+            if impl not in ("auto", "xla"):
+                raise ConfigError(f"impl {impl!r} runs on one device; a {mesh.data}x{mesh.model} mesh decodes "
+                                  f"through XLA (impl 'auto' or 'xla')")
+            impl, self.mesh = "xla", make_mesh(mesh)
         # Per-layer weight buffers (an unrolled layer loop) by default on CPU,
         # where scanning over stacked weights copies them every step; packed
         # projections when the native CPU kernels run.
@@ -82,6 +91,10 @@ class Generator:
         self.drafter_cfg, self.drafter_params, self.vocab = drafter if drafter else (None, None, None)
         if self.drafter_params is not None:
             self.drafter_params = drafter_model.prepare_for_decoding(self.drafter_params, impl=impl)
+        if self.mesh is not None:
+            self.target_params = shard_params(self.target_params, TARGET_AXES, self.mesh)
+            if self.drafter_params is not None:
+                self.drafter_params = shard_params(self.drafter_params, DRAFTER_AXES, self.mesh)
         if self.drafter_cfg is not None and self.drafter_cfg.vocab_size != target_cfg.vocab_size:
             raise ValueError(f"drafter vocab_size {self.drafter_cfg.vocab_size} != target vocab_size "
                              f"{target_cfg.vocab_size}: the drafter was trained for another target")
@@ -194,6 +207,8 @@ class Generator:
         cache_len = max(min_cache, 64 * math.ceil((max(p, final) + lc.cache_scratch) / 64))
         out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
         caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
+        if self.mesh is not None:
+            caches = tuple(shard_cache(c, self.mesh) for c in caches)
         args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
                 keys, params, *caches)
         return ids, lc, args, dict(lc=lc, out_width=out_width), stops

@@ -48,7 +48,7 @@ def resolve_config(name_or_path: str) -> dict:
         candidates += [os.path.join(root, name_or_path + ".json"), os.path.join(root, name_or_path, "config.json")]
     path = next((c for c in candidates if os.path.isfile(c)), None)
     if path is None:
-        shipped = sorted({os.path.splitext(n)[0] for root in _SEARCH for n in os.listdir(root)})
+        shipped = sorted({n.removesuffix(".json") for root in _SEARCH for n in os.listdir(root)})
         raise FileNotFoundError(f"no config.json at {name_or_path!r}, and no shipped config of that name "
                                 f"(shipped: {', '.join(shipped)})")
     with open(path) as f:

@@ -17,7 +17,9 @@ its mesh axis divides it, in whole heads:
 - the KV cache (`cache_heads`) splits by KV head as the projection does.
 
 `per_device_elements` gives what one device holds of an array under these
-rules; `eagle-jax plan` (plan.py) adds them up. Nothing here needs devices.
+rules; `eagle-jax plan` (plan.py) adds them up. `shard_params` puts a model's
+parameters on a jax Mesh by them (`Generator(mesh=...)`); the loop then runs
+through XLA's partitioner, with the other arrays of its state placed by it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from eagle_jax.config import ConfigError
 
 __all__ = ["MeshShape", "RULES", "TARGET_AXES", "DRAFTER_AXES", "CACHE_AXES", "parse_mesh",
-           "per_device_elements"]
+           "per_device_elements", "partition_spec", "make_mesh", "shard_params", "shard_cache"]
 
 RULES: dict[str, str | None] = {
     "batch": "data",
@@ -110,3 +112,64 @@ def per_device_elements(shape: tuple[int, ...], axes: tuple[str, ...], mesh: Mes
     if len(shape) != len(axes):
         raise ValueError(f"shape {shape} has {len(shape)} dimensions, axes {axes} name {len(axes)}")
     return math.prod(_dim_per_device(a, n, mesh, heads) for a, n in zip(axes, shape))
+
+
+def partition_spec(name: str, shape: tuple[int, ...], table: dict[str, tuple[str, ...]], mesh: MeshShape):
+    """The PartitionSpec of a parameter leaf `name` of `shape` (a stacked target leaf, or one layer's
+    of an unrolled stack: its leading `layers` axis dropped). A dimension its mesh axis does not
+    divide is replicated. Fused q|k|v and gate|up are split into even column blocks here: correct
+    under XLA's partitioner, which moves what the q/k/v and gate/up slices need between shards."""
+    axes = table[name]
+    if len(axes) == len(shape) + 1 and axes[0] == "layers":
+        axes = axes[1:]
+    if len(axes) != len(shape):
+        raise ValueError(f"parameter {name!r} of shape {shape} does not have the axes {axes}")
+    return _spec(axes, shape, mesh)
+
+
+def _spec(axes: tuple[str, ...], shape: tuple[int, ...], mesh: MeshShape):
+    """Each dimension on its rule's mesh axis where that axis divides it, else replicated."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*[RULES[a] if RULES[a] and n % mesh.size(RULES[a]) == 0 else None
+                           for a, n in zip(axes, shape)])
+
+
+def make_mesh(shape: MeshShape):
+    """A jax Mesh ("data", "model") over the first DATA*MODEL devices."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    devices = jax.devices()
+    if shape.devices > len(devices):
+        hint = (f" (on CPU, simulate them: XLA_FLAGS=--xla_force_host_platform_device_count={shape.devices})"
+                if devices[0].platform == "cpu" else "")
+        raise ConfigError(f"mesh {shape.data}x{shape.model} needs {shape.devices} devices; "
+                          f"this {devices[0].platform} backend has {len(devices)}{hint}")
+    return Mesh(np.array(devices[:shape.devices]).reshape(shape.data, shape.model), ("data", "model"))
+
+
+def shard_params(params, table: dict[str, tuple[str, ...]], mesh):
+    """Each leaf put on `mesh` by its PartitionSpec: each device receives only its own shard."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    shape = MeshShape(mesh.shape["data"], mesh.shape["model"])
+
+    def put(path, x):
+        return jax.device_put(x, NamedSharding(mesh, partition_spec(path[-1].key, x.shape, table, shape)))
+
+    return jax.tree_util.tree_map_with_path(put, params)
+
+
+def shard_cache(cache, mesh):
+    """A KVCache put on `mesh`: rows on the data axis and KV heads on the model axis where they divide."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if cache is None:
+        return None
+    kv = _spec(CACHE_AXES, cache.k.shape, MeshShape(mesh.shape["data"], mesh.shape["model"]))
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+    return cache.replace(k=put(cache.k, kv), v=put(cache.v, kv), lengths=put(cache.lengths, PartitionSpec()))

@@ -36,6 +36,15 @@ def test_one_device_holds_every_weight_of_the_real_models(smollm2_target):
     assert out["notes"] == []
 
 
+def test_the_shipped_smollm2_config_is_the_gguf_one(smollm2_target):
+    shipped = _llama("smollm2-135m-instruct")
+    gguf = smollm2_target.cfg
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                  "head_dim", "max_position_embeddings", "rope", "tie_word_embeddings"):
+        assert getattr(shipped, field) == getattr(gguf, field), field
+    assert shipped.rms_norm_eps == pytest.approx(gguf.rms_norm_eps, rel=1e-6)  # the GGUF stores a float32
+
+
 def test_a_model_axis_of_3_splits_smollm2_by_whole_heads(smollm2_target):
     cfg = smollm2_target.cfg  # 9 query heads, 3 KV heads of 64, MLP 1536, vocab 49152, tied embedding
     h, l, d = cfg.hidden_size, cfg.num_layers, cfg.head_dim

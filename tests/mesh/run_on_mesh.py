@@ -1,0 +1,73 @@
+"""Run on simulated CPU devices (a subprocess of tests/mesh/test_mesh.py: the device count must be set
+before jax starts): greedy output of a tiny target, plain and speculative, unsharded and on each mesh
+given, and the collectives of one sharded speculative step. Prints one JSON object.
+
+    python tests/mesh/run_on_mesh.py 1x8 2x4
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+meshes = sys.argv[1:]
+devices = max(int(d) * int(m) for d, m in (x.split("x") for x in meshes))
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+
+import jax  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec"))
+import spec_helpers as H  # noqa: E402
+
+from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
+from eagle_jax.generate import Generator  # noqa: E402
+from eagle_jax.models import target  # noqa: E402
+from eagle_jax.sharding import parse_mesh  # noqa: E402
+from eagle_jax.spec import loop  # noqa: E402
+
+# 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
+# divides them.
+cfg = TargetConfig(vocab_size=8, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=8, num_kv_heads=8,
+                   head_dim=8, max_position_embeddings=512)
+params = target.init_params(cfg, jax.random.PRNGKey(0), scale=0.3)
+drafter = H.smollm2_random_drafter(cfg, "eagle3.1", draft_vocab=8, scale=0.3)
+prompts = H.random_prompts(8, [5, 9, 7, 12])
+specs = {"chain": SpecConfig(disable_by_batch_size=None),
+         "tree": SpecConfig(method="tree", tree_top_k=2, tree_depth=3, tree_total_tokens=6, disable_by_batch_size=None)}
+
+
+def run(mesh, method):
+    kw = {} if method == "plain" else {"drafter": drafter, "spec": specs[method]}
+    g = Generator(cfg, params, impl="xla", mesh=parse_mesh(mesh) if mesh else None, **kw)
+    out = g.generate(prompts, max_new_tokens=12, chat=False)
+    return g, {"tokens": out.token_ids, "accepted": out.stats.get("accepted_tokens", 0)}
+
+
+def collectives(g) -> dict:
+    """Result shapes of each kind of collective in one compiled speculative step."""
+    ids, lc, args, static, _ = g._prepare(prompts, 12, (0.0, 0, 1.0), 0, False, ())
+    state = loop.prefill_jit(g.target_params, g.drafter_params, g.vocab, *args, **static)
+    text = loop.step_jit.lower(g.target_params, g.drafter_params, g.vocab, state, lc=lc).compile().as_text()
+    out = {}
+    for m in re.finditer(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|reduce-scatter|"
+                         r"collective-permute|all-to-all)(?:-start)?\(", text):
+        shapes = [[int(x) for x in dims.split(",") if x] for dims in re.findall(r"\[([0-9,]*)\]", m.group(1))]
+        out.setdefault(m.group(2), []).extend(s for s in shapes if s not in out.get(m.group(2), []))
+    return {"collectives": out, "cache": list(state.tcache.k.shape)}
+
+
+result = {"reference": {}, "meshes": {}}
+for method in ("plain", "chain", "tree"):
+    result["reference"][method] = run(None, method)[1]
+for mesh in meshes:
+    result["meshes"][mesh] = {}
+    for method in ("plain", "chain", "tree"):
+        g, out = run(mesh, method)
+        result["meshes"][mesh][method] = out
+        if method == "chain":
+            result["meshes"][mesh].update(collectives(g))
+result["weight_shapes"] = sorted({tuple(x.shape[1:]) for x in params["layers"].values()}
+                                | {tuple(params["embed"].shape), tuple(params["lm_head"].shape)})
+print(json.dumps(result))

@@ -1,0 +1,68 @@
+"""The decoding loop on a jax Mesh of simulated CPU devices.
+
+tests/mesh/run_on_mesh.py runs in a subprocess (the device count is fixed
+before jax starts): a tiny target whose 8 query and 8 KV heads divide every
+axis, greedy plain, chain and tree decoding unsharded and on each mesh.
+Sums over the model axis change the reduction order; on this target the
+tokens agree exactly (no near-ties at these scales), which is what is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from eagle_jax.config import ConfigError, TargetConfig
+from eagle_jax.generate import Generator
+from eagle_jax.models import target
+from eagle_jax.sharding import MeshShape
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_on_mesh.py")
+
+
+def _run(*meshes: str) -> dict:
+    proc = subprocess.run([sys.executable, SCRIPT, *meshes], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check(result: dict, mesh: str) -> None:
+    ref, got = result["reference"], result["meshes"][mesh]
+    assert ref["chain"]["tokens"] == ref["tree"]["tokens"] == ref["plain"]["tokens"]  # greedy: lossless
+    for method in ("plain", "chain", "tree"):
+        assert got[method]["tokens"] == ref[method]["tokens"], (mesh, method)
+        assert got[method]["accepted"] == ref[method]["accepted"], (mesh, method)
+    assert got["chain"]["accepted"] > 0 and got["tree"]["accepted"] > 0  # drafts were verified on the mesh
+    # The step moves activations between shards, never a whole weight or the whole KV cache.
+    weights = {tuple(s) for s in result["weight_shapes"]} | {tuple(got["cache"])}
+    moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
+    assert not moved & weights, moved & weights
+
+
+def test_greedy_output_on_a_1x8_mesh_equals_the_unsharded_run():
+    _check(_run("1x8"), "1x8")
+
+
+@pytest.mark.slow
+def test_greedy_output_on_2x4_and_8x1_meshes_equals_the_unsharded_run():
+    result = _run("2x4", "8x1")
+    _check(result, "2x4")
+    _check(result, "8x1")
+
+
+def test_a_mesh_needs_its_devices_and_the_xla_path():
+    cfg = TargetConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=8, max_position_embeddings=128)
+    params = target.init_params(cfg, jax.random.PRNGKey(0))
+    with pytest.raises(ConfigError, match=r"mesh 2x4 needs 8 devices; this cpu backend has 1 .*device_count=8"):
+        Generator(cfg, params, mesh=MeshShape(2, 4))
+    with pytest.raises(ConfigError, match="impl 'native' runs on one device"):
+        Generator(cfg, params, impl="native", mesh=MeshShape(1, 2))
+    assert len(jax.devices()) == 1
+    g = Generator(cfg, params, mesh=MeshShape(1, 1))  # one device: the usual path
+    assert g.mesh is None and isinstance(g.target_params["embed"], jax.Array)
