@@ -132,7 +132,8 @@ def _notes(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Me
             continue
         for what, heads in (("query", cfg.num_heads), ("KV", cfg.num_kv_heads)):
             if heads % mesh.model and mesh.model % heads == 0:
-                notes.append(f"{name}: {heads} {what} heads < model axis {mesh.model}: one head per shard, copied")
+                notes.append(f"{name}: {heads} {what} heads < model axis {mesh.model}: one head per shard, copied "
+                             f"(the rules' layout; `generate --mesh` keeps such a KV cache whole today)")
             elif heads % mesh.model:
                 notes.append(f"{name}: {heads} {what} heads do not divide the model axis {mesh.model}: kept whole")
         if cfg.intermediate_size % mesh.model:

@@ -293,13 +293,13 @@ class SlotEngine:
             self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
     def _warm_up(self, depths: tuple[int, ...]) -> dict:
-        """Compile and run once: a prefill (its chunks, first token and insert), the step of
+        """Compile and run once: a prefill (a chunk, first token and insert), the step of
         each row bucket and draft depth (with several depths, each then timed: the least of
         three runs, as the first runs after a compile are slow), the catch-up of each row bucket
         (timed so too with several depths), the read and the finish. Returns
         {(rows, depth or "catch_up"): seconds} (empty with one depth); leaves every slot free."""
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
-        fill = self._fill(0, [0] * min(self.prefill_chunk + 1, self.context_limit - 1), warm)
+        fill = self._fill(0, [0] * min(self.prefill_chunk, self.context_limit - 1), warm)  # one program: any start
         while not self._prefill_chunk(fill):
             pass
         costs = {}
