@@ -330,7 +330,7 @@ def _compile_cache(args) -> dict:
     path = tempfile.mkdtemp(prefix="eagle-jax-bench-xla-") if getattr(args, "cold_cache", False) else None
     path = enable_compilation_cache(path)
     try:
-        entries = len(os.listdir(path))
+        entries = None if path is None else len(os.listdir(path))
     except OSError:
         entries = None
     return {"dir": path, "cold": bool(getattr(args, "cold_cache", False)), "entries_at_start": entries}

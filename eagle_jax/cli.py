@@ -34,6 +34,11 @@ def _add_generate(sub):
     p.add_argument("--stream", action="store_true", help="print text as it is accepted (single prompt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_arguments(p)
+    multi = p.add_argument_group("multi-host", "run the same command in every process, one per host, with "
+                                 "--mesh spanning all their devices; process 0 prints the result")
+    multi.add_argument("--coordinator-address", default=None, help="HOST:PORT of process 0")
+    multi.add_argument("--num-processes", type=int, default=1)
+    multi.add_argument("--process-id", type=int, default=0)
     p.set_defaults(func=_generate)
 
 
@@ -130,8 +135,22 @@ def _read_prompts(path: str) -> list[str]:
     return prompts
 
 
+def _join_processes(args) -> bool:
+    """Join the other processes when --num-processes > 1; whether this one prints."""
+    if args.num_processes == 1:
+        return True
+    if args.coordinator_address is None or args.mesh is None:
+        raise ValueError("--num-processes > 1 needs --coordinator-address and a --mesh over every process's devices")
+    from eagle_jax.runtime import initialize_distributed
+
+    initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
+    return args.process_id == 0
+
+
 def _generate(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
+    lead = _join_processes(args)  # the other processes do the same work; process 0 speaks for all
+    say = print if lead else (lambda *a, **kw: None)
     gen = generator_from_args(args)
     spec = gen.spec
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -140,8 +159,8 @@ def _generate(args) -> int:
         if len(prompts) != 1:
             raise ValueError("--stream takes a single --prompt")
         for piece in gen.stream(prompts[0], **kw):
-            print(piece, end="", flush=True)
-        print()
+            say(piece, end="", flush=True)
+        say()
         return 0
     runs = [gen.generate(prompts, **kw) for _ in range(1 + max(args.repeat, 0))]
     r = runs[0]
@@ -150,7 +169,7 @@ def _generate(args) -> int:
         why = (f"a batch of {len(prompts)} prompts is over --disable-by-batch-size ({gen.disable_by_batch_size})"
                if gen.disable_by_batch_size else "on this CPU (no AVX-512, or no native kernels) a verify step "
                "costs about twice a decode step, so --disable-by-batch-size auto turns speculation off")
-        print(f"eagle-jax: {why}: decoding without speculation, the same output "
+        say(f"eagle-jax: {why}: decoding without speculation, the same output "
               f"(--disable-by-batch-size none speculates anyway)", file=sys.stderr)
     out = {
         "text": r.texts[0] if len(r.texts) == 1 else r.texts,
@@ -176,12 +195,12 @@ def _generate(args) -> int:
         out["ttft_s"] = statistics.median(x.ttft_s for x in rest)
         out["first_run_wall_s"] = r.wall_s
     if args.json:
-        print(json.dumps(out))
+        say(json.dumps(out))
     else:
         for text in r.texts:
-            print(text)
+            say(text)
         extra = f", tau {out['acceptance_length']:.2f}" if spec_on and out.get("acceptance_length") else ""
-        print(f"[{out['num_generated']} tokens, {out['tokens_per_s']:.1f} tok/s{extra}]", file=sys.stderr)
+        say(f"[{out['num_generated']} tokens, {out['tokens_per_s']:.1f} tok/s{extra}]", file=sys.stderr)
     return 0
 
 

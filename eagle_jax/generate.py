@@ -26,7 +26,7 @@ from eagle_jax.config import ConfigError, DrafterConfig, SamplingConfig, SpecCon
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
-from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, MeshShape, make_mesh, shard_cache, shard_params
+from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, MeshShape, make_mesh, shard_cache, shard_params, to_host
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
@@ -235,9 +235,9 @@ class Generator:
         jax.block_until_ready(state.pending)
         ttft = time.perf_counter() - t0
         state = loop.run_jit(self.target_params, dparams, vocab, state, lc=lc)
-        out = np.asarray(state.out)
+        out, gen, stats = to_host((state.out, state.num_generated, state.stats if lc.speculative else None))
         wall = time.perf_counter() - t0
-        return self._result(ids, lc, state, out, ttft, wall, stops)
+        return self._result(ids, lc, out, gen, stats, ttft, wall, stops)
 
     def stream(self, prompt, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, chat: bool = True,
@@ -265,11 +265,11 @@ class Generator:
         # Text that could still turn out to start a stop string is held back.
         holdback = max((len(s) for s in stop if s), default=1) - 1
         while True:
-            n = int(state.num_generated[0])
-            toks = np.asarray(state.out[0, :n]).tolist()
+            out, gen, done = to_host((state.out, state.num_generated, state.done))
+            toks = out[0, :gen[0]].tolist()
             text = self.tokenizer.decode(toks, skip_special_tokens=True)
             cut = _first_stop(text, stop)
-            final = cut is not None or bool(state.done[0])
+            final = cut is not None or bool(done[0])
             if cut is not None:
                 text = text[:cut]
             elif not final and holdback:
@@ -289,8 +289,9 @@ class Generator:
             return "context"
         return "length"
 
-    def _result(self, ids, lc, state, out, ttft, wall, stops) -> GenerationResult:
-        gen = np.asarray(state.num_generated)
+    def _result(self, ids, lc, out, gen, counters, ttft, wall, stops) -> GenerationResult:
+        """out [B, W] and gen [B] (tokens and counts), counters: the loop's stats on the host
+        (None when it decoded plainly)."""
         token_ids, texts, reasons = [], [], []
         for r, prompt in enumerate(ids):
             toks = out[r, :gen[r]].tolist()
@@ -306,7 +307,6 @@ class Generator:
             texts.append(text)
             reasons.append(reason)
         spec = lc.speculative
-        counters = jax.tree.map(np.asarray, state.stats) if spec else None
         total = int(sum(len(t) for t in token_ids))
         decode_s = max(wall - ttft, 1e-9)
         return GenerationResult(

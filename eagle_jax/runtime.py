@@ -1,4 +1,5 @@
-"""Process-level settings: defaults per backend (dtype, when to speculate), persistent compilation cache."""
+"""Process-level settings: defaults per backend (dtype, when to speculate), persistent compilation cache,
+and joining several processes into one JAX runtime (multi-host)."""
 
 from __future__ import annotations
 
@@ -38,15 +39,44 @@ def default_disable_by_batch_size() -> int | None:
     return 1 if resolve_impl("auto") == "native" and cpu.wide_vectors() else 0
 
 
-def enable_compilation_cache(path: str | None = None) -> str:
+def enable_compilation_cache(path: str | None = None) -> str | None:
     """Turn on JAX's persistent compilation cache (warm starts skip XLA compiles).
 
     Location: `path`, else $EAGLE_JAX_XLA_CACHE, else ~/.cache/eagle_jax/xla.
+    $EAGLE_JAX_XLA_CACHE=off leaves the cache off and returns None: JAX writes
+    entries in place, unlocked, and XLA:CPU crashed reading and writing them in
+    long test processes here (tests/conftest.py turns it off).
     """
     path = path or os.environ.get("EAGLE_JAX_XLA_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "eagle_jax", "xla")
+    if path == "off":
+        return None
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int) -> None:
+    """Join `num_processes` processes (one per host) into one JAX runtime through
+    `jax.distributed.initialize`: `jax.devices()` then lists every process's devices and a
+    mesh over them spans hosts. Every process runs the same program; process 0 also hosts
+    the coordinator at `coordinator_address` (HOST:PORT). Call before anything touches
+    JAX's backends. On CPU the processes' collectives go through gloo (TCP)."""
+    from eagle_jax.config import ConfigError
+
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+        raise ConfigError(f"process id {process_id} is not in 0..{num_processes - 1} "
+                          f"(--num-processes {num_processes})")
+    host, _, port = coordinator_address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"coordinator address {coordinator_address!r} is not HOST:PORT")
+    if jax.config.jax_platforms in (None, "", "cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id)
+    except RuntimeError as e:
+        raise ConfigError(f"joining {num_processes} processes at {coordinator_address} failed: "
+                          f"{str(e).splitlines()[0]}") from None

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from eagle_jax.config import ConfigError
 
 __all__ = ["MeshShape", "RULES", "TARGET_AXES", "DRAFTER_AXES", "CACHE_AXES", "parse_mesh",
-           "per_device_elements", "partition_spec", "make_mesh", "shard_params", "shard_cache"]
+           "per_device_elements", "partition_spec", "make_mesh", "shard_params", "shard_cache", "to_host"]
 
 RULES: dict[str, str | None] = {
     "batch": "data",
@@ -136,7 +136,8 @@ def _spec(axes: tuple[str, ...], shape: tuple[int, ...], mesh: MeshShape):
 
 
 def make_mesh(shape: MeshShape):
-    """A jax Mesh ("data", "model") over the first DATA*MODEL devices."""
+    """A jax Mesh ("data", "model") over the first DATA*MODEL devices (of every process,
+    after `runtime.initialize_distributed`; the mesh must include devices of each)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
@@ -147,7 +148,12 @@ def make_mesh(shape: MeshShape):
                 if devices[0].platform == "cpu" else "")
         raise ConfigError(f"mesh {shape.data}x{shape.model} needs {shape.devices} devices; "
                           f"this {devices[0].platform} backend has {len(devices)}{hint}")
-    return Mesh(np.array(devices[:shape.devices]).reshape(shape.data, shape.model), ("data", "model"))
+    used = devices[:shape.devices]
+    missing = sorted({d.process_index for d in devices} - {d.process_index for d in used})
+    if missing:
+        raise ConfigError(f"mesh {shape.data}x{shape.model} uses the first {shape.devices} of {len(devices)} devices, "
+                          f"none of process {missing[0]}'s: a mesh across processes must span all of them")
+    return Mesh(np.array(used).reshape(shape.data, shape.model), ("data", "model"))
 
 
 def shard_params(params, table: dict[str, tuple[str, ...]], mesh):
@@ -173,3 +179,19 @@ def shard_cache(cache, mesh):
     kv = _spec(CACHE_AXES, cache.k.shape, MeshShape(mesh.shape["data"], mesh.shape["model"]))
     put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
     return cache.replace(k=put(cache.k, kv), v=put(cache.v, kv), lengths=put(cache.lengths, PartitionSpec()))
+
+
+def to_host(tree):
+    """Each array of `tree` as one numpy array of its whole value. An array that spans
+    other processes' devices (a mesh across hosts) is gathered from all of them: every
+    process must call this at the same point, as it does the jitted steps."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    def fetch(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(fetch, tree)

@@ -76,7 +76,7 @@ class Batcher:
         self._jobs: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
-        self._running = 0  # rows of the batch on the device
+        self._running = 0  # rows taken to run whose outcome is not delivered yet
         threading.Thread(target=self._work, name="eagle-jax-batcher", daemon=True).start()
 
     def close(self) -> None:
@@ -135,8 +135,13 @@ class Batcher:
         while (batch := self._take()) is not None:
             if batch:
                 self._serve(batch)
-            with self._cv:
-                self._running = 0
+
+    def _deliver(self, job: _Job, outcome) -> None:
+        """Count the job out of the running rows, then hand it its outcome (so a client
+        that reads the server's load after its reply never counts itself)."""
+        with self._cv:
+            self._running -= 1
+        job.deliver(outcome)
 
     def _serve(self, batch: list[_Job]) -> None:
         """Run a batch and hand each job its rows; a failed batch of several jobs
@@ -150,10 +155,10 @@ class Batcher:
                 for job in batch:
                     self._serve([job])
             else:
-                batch[0].deliver(e)
+                self._deliver(batch[0], e)
             return
         for r, job in enumerate(batch):
-            job.deliver(BatchSlice(result, [r], len(batch), start - job.arrived))
+            self._deliver(job, BatchSlice(result, [r], len(batch), start - job.arrived))
 
     def _run(self, batch: list[_Job]):
         n = len(batch)

@@ -21,13 +21,13 @@ import pytest
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# Each test process (each xdist worker) gets its own persistent XLA compilation cache
-# (`eagle_jax.runtime.enable_compilation_cache`, which `Generator.load` turns on): two
-# local full runs crashed inside JAX's cache code (a segfault in `get_executable_and_time`,
-# an abort in `put_executable_and_time`) while that directory was shared with a trainer,
-# benchmarks and the other worker.
-os.environ.setdefault("EAGLE_JAX_XLA_CACHE", os.path.join(
-    os.path.expanduser("~"), ".cache", "eagle_jax", f"xla-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"))
+# No persistent XLA compilation cache in tests (`EAGLE_JAX_XLA_CACHE=off`, read by
+# `eagle_jax.runtime.enable_compilation_cache`). With one, two local full
+# runs crashed inside JAX's cache code (a segfault in `get_executable_and_time`, an abort
+# in `put_executable_and_time`); a CI run with a
+# directory per worker then lost a worker to a segfault at 92% (its log kept no stack of
+# the crashing thread). Set the variable to a directory to test with the cache.
+os.environ.setdefault("EAGLE_JAX_XLA_CACHE", "off")
 
 
 def _smollm2_path() -> str | None:

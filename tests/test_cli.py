@@ -101,6 +101,12 @@ def test_unknown_target_exits_2_in_a_subprocess(tmp_path):
     (["--max-new-tokens", "0"], "max_new_tokens must be a positive int"),
     (["--method", "tree", "--tree-top-k", "2", "--tree-depth", "2", "--tree-total-tokens", "50"],
      "tree_total_tokens must be in [2, 7]"),
+    (["--num-processes", "2", "--mesh", "2x4"], "--num-processes > 1 needs --coordinator-address and a --mesh"),
+    (["--num-processes", "2", "--coordinator-address", "127.0.0.1:1"], "needs --coordinator-address and a --mesh"),
+    (["--num-processes", "2", "--coordinator-address", "127.0.0.1:1", "--mesh", "2x4", "--process-id", "2"],
+     "process id 2 is not in 0..1 (--num-processes 2)"),
+    (["--num-processes", "2", "--coordinator-address", "localhost", "--mesh", "2x4"],
+     "coordinator address 'localhost' is not HOST:PORT"),
 ])
 def test_bad_generate_options(smollm2_target, capsys, extra, match):
     rc = main(["generate", "--prompt", "hi", "--draft", "none", *extra])

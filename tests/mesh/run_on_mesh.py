@@ -3,6 +3,10 @@ before jax starts): greedy output of a tiny target, plain and speculative, unsha
 given, and the collectives of one sharded speculative step. Prints one JSON object.
 
     python tests/mesh/run_on_mesh.py 1x8 2x4
+
+With `--join HOST:PORT N I` it is process I of N (tests/mesh/test_multihost.py): the devices
+are split evenly between the processes, joined by `eagle_jax.runtime.initialize_distributed`,
+and it decodes on the meshes only (the reference comes from a single process).
 """
 
 from __future__ import annotations
@@ -12,11 +16,20 @@ import os
 import re
 import sys
 
-meshes = sys.argv[1:]
-devices = max(int(d) * int(m) for d, m in (x.split("x") for x in meshes))
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+args = sys.argv[1:]
+join = None
+if args[:1] == ["--join"]:
+    join, args = (args[1], int(args[2]), int(args[3])), args[4:]
+meshes = args
+devices = max((int(d) * int(m) for d, m in (x.split("x") for x in meshes)), default=1)
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices // (join[1] if join else 1)}"
 
 import jax  # noqa: E402
+
+if join:
+    from eagle_jax.runtime import initialize_distributed  # noqa: E402
+
+    initialize_distributed(*join)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec"))
 import spec_helpers as H  # noqa: E402
@@ -59,7 +72,7 @@ def collectives(g) -> dict:
 
 
 result = {"reference": {}, "meshes": {}}
-for method in ("plain", "chain", "tree"):
+for method in ("plain", "chain", "tree") if not join else ():
     result["reference"][method] = run(None, method)[1]
 for mesh in meshes:
     result["meshes"][mesh] = {}
@@ -68,6 +81,7 @@ for mesh in meshes:
         result["meshes"][mesh][method] = out
         if method == "chain":
             result["meshes"][mesh].update(collectives(g))
+result["process"] = jax.process_index()
 result["weight_shapes"] = sorted({tuple(x.shape[1:]) for x in params["layers"].values()}
                                 | {tuple(params["embed"].shape), tuple(params["lm_head"].shape)})
 print(json.dumps(result))

@@ -5,12 +5,16 @@ before jax starts): a tiny target whose 8 query and 8 KV heads divide every
 axis, greedy plain, chain and tree decoding unsharded and on each mesh.
 Sums over the model axis change the reduction order; on this target the
 tokens agree exactly (no near-ties at these scales), which is what is asserted.
+Multi-host: two processes on 127.0.0.1 joined into one JAX runtime
+(`eagle_jax.runtime.initialize_distributed`, gloo collectives on CPU), 4
+simulated devices each, decode on one 2x4 mesh across both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -53,6 +57,32 @@ def test_greedy_output_on_2x4_and_8x1_meshes_equals_the_unsharded_run():
     result = _run("2x4", "8x1")
     _check(result, "2x4")
     _check(result, "8x1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_2x4_mesh_generate_what_one_process_does():
+    reference = _run()["reference"]  # one process, unsharded
+    address = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "--join", address, "2", str(i), "2x4"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=1200) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    processes = []
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        _check(dict(result, reference=reference), "2x4")
+        processes.append(result["process"])
+    assert sorted(processes) == [0, 1]
 
 
 def test_a_mesh_needs_its_devices_and_the_xla_path():
