@@ -120,7 +120,8 @@ class Generator:
 
         enable_compilation_cache()
         dtype = dtype or default_dtype()
-        t = load_target(target, dtype=dtype)
+        mesh = kwargs.get("mesh")
+        t = load_target(target, dtype=dtype, mesh=make_mesh(mesh) if mesh is not None and mesh.devices > 1 else None)
         d = load_drafter_by_name(draft, t.cfg, target, dtype=dtype)
         return cls(t.cfg, t.params, t.tokenizer, drafter=d, spec=spec, **kwargs)
 

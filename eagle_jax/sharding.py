@@ -157,14 +157,20 @@ def make_mesh(shape: MeshShape):
 
 
 def shard_params(params, table: dict[str, tuple[str, ...]], mesh):
-    """Each leaf put on `mesh` by its PartitionSpec: each device receives only its own shard."""
+    """Each leaf put on `mesh` by its PartitionSpec: each device receives only its own shard.
+    A host (numpy) leaf, such as a memory-mapped checkpoint tensor, is read slice by slice
+    (`jax.make_array_from_callback`): no device, and no process, holds a whole copy of it."""
     import jax
+    import numpy as np
     from jax.sharding import NamedSharding
 
     shape = MeshShape(mesh.shape["data"], mesh.shape["model"])
 
     def put(path, x):
-        return jax.device_put(x, NamedSharding(mesh, partition_spec(path[-1].key, x.shape, table, shape)))
+        sharding = NamedSharding(mesh, partition_spec(path[-1].key, x.shape, table, shape))
+        if isinstance(x, np.ndarray):
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: np.ascontiguousarray(x[index]))
+        return jax.device_put(x, sharding)
 
     return jax.tree_util.tree_map_with_path(put, params)
 

@@ -39,6 +39,7 @@ from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
 from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.hf import CheckpointError, load_hf_directory, resolve_dtype
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
+from eagle_jax.sharding import TARGET_AXES, shard_params
 from eagle_jax.tokenizer import Tokenizer
 
 __all__ = [
@@ -209,8 +210,10 @@ def save_converted(target: LoadedTarget, out_dir: str | os.PathLike, *, dtype=No
     return out_dir
 
 
-def load_converted(path: str | os.PathLike, dtype=None) -> LoadedTarget:
-    """Read a converted directory; `dtype` casts the parameters (default: as stored)."""
+def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedTarget:
+    """Read a converted directory; `dtype` casts the parameters (default: as stored).
+    With a jax `mesh`, each parameter goes from the memory-mapped file straight into its
+    shards by eagle_jax/sharding.py's rules (`shard_params`)."""
     path = os.fspath(path)
     marker = os.path.join(path, MARKER)
     if not os.path.isfile(marker):
@@ -228,10 +231,12 @@ def load_converted(path: str | os.PathLike, dtype=None) -> LoadedTarget:
         raise CheckpointError(f"{path}: cannot read {PARAMS_FILE}: {e}") from None
     flat = {}
     for k in st:
-        a = st[k]
-        flat[k] = jnp.asarray(a if dt is None or a.dtype == dt else a.astype(dt))
+        a = st[k] if dt is None or st[k].dtype == dt else st[k].astype(dt)
+        flat[k] = a if mesh is not None else jnp.asarray(a)
     params = _unflatten(flat)
     _check_tree(cfg, params, path)
+    if mesh is not None:
+        params = shard_params(params, TARGET_AXES, mesh)
     tokenizer = Tokenizer.from_hf_dir(path) if meta.get("has_tokenizer") else None
     return LoadedTarget(cfg=cfg, params=params, tokenizer=tokenizer,
                         source=meta.get("source") or os.path.abspath(path))
@@ -337,17 +342,19 @@ def _resolve(name_or_path: str) -> tuple[str, str, str | None]:
 
 
 def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool = True,
-                cache_dir: str | None = None) -> LoadedTarget:
+                cache_dir: str | None = None, mesh=None) -> LoadedTarget:
     """Load a target model (see the module docstring for what `name_or_path` may be).
 
     `dtype` is the parameter dtype: float32 (default), bfloat16 or float16.
     With `cache` (default), GGUF/HF sources are converted once into
     `cache_dir` (default `$EAGLE_JAX_CACHE` or `~/.cache/eagle_jax`).
+    With a jax `mesh`, the parameters come sharded (`load_converted`); a source
+    converted now is read back from its cache entry that way.
     """
     dt = resolve_dtype(dtype)
     kind, path, model_name = _resolve(name_or_path)
     if kind == "converted":
-        return load_converted(path, dt)
+        return load_converted(path, dt, mesh=mesh)
 
     def convert(path, dt):
         target = (_convert_gguf if kind == "gguf" else _convert_hf)(path, dt)
@@ -357,12 +364,12 @@ def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool
         return target
 
     if not cache:
-        return convert(path, dt)
+        return _placed(convert(path, dt), mesh)
 
     final = cache_path_for(kind, path, dt, cache_dir, model_name)
     if is_converted_dir(final):
         try:
-            return load_converted(final, dt)
+            return load_converted(final, dt, mesh=mesh)
         except Exception as e:  # a damaged cache entry: convert again
             log.warning("cached conversion %s is unreadable (%s); converting again", final, e)
             shutil.rmtree(final, ignore_errors=True)
@@ -374,5 +381,13 @@ def load_target(name_or_path: str | os.PathLike, dtype="float32", *, cache: bool
             _write_converted(target, os.fspath(tmp))
     except OSError as e:
         log.warning("could not write the conversion cache %s (%s); continuing without it", final, e)
-    return target
+        return _placed(target, mesh)
+    return load_converted(final, dt, mesh=mesh) if mesh is not None else target
+
+
+def _placed(target: LoadedTarget, mesh) -> LoadedTarget:
+    """A target's parameters on `mesh` (unchanged without one)."""
+    if mesh is None:
+        return target
+    return dataclasses.replace(target, params=shard_params(target.params, TARGET_AXES, mesh))
 

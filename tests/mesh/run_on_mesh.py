@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 
 args = sys.argv[1:]
 join = None
@@ -35,9 +36,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import spec_helpers as H  # noqa: E402
 
 from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
+from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
-from eagle_jax.sharding import parse_mesh  # noqa: E402
+from eagle_jax.sharding import TARGET_AXES, make_mesh, parse_mesh, shard_params, to_host  # noqa: E402
 from eagle_jax.spec import loop  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
@@ -71,6 +73,22 @@ def collectives(g) -> dict:
     return {"collectives": out, "cache": list(state.tcache.k.shape)}
 
 
+def loaded(mesh) -> dict:
+    """The target written to a converted directory and read back straight onto the mesh
+    (`load_converted(..., mesh=)`): its shardings and values against `shard_params` of the
+    arrays in memory, and the greedy chain tokens it decodes."""
+    mesh_ = make_mesh(parse_mesh(mesh))
+    with tempfile.TemporaryDirectory() as d:
+        path = save_converted(LoadedTarget(cfg, params, None, "tiny"), os.path.join(d, "tiny"))
+        got = load_converted(path, mesh=mesh_).params
+    want = shard_params(params, TARGET_AXES, mesh_)
+    same_sharding = jax.tree.map(lambda a, b: a.sharding == b.sharding, got, want)
+    same_value = jax.tree.map(lambda a, b: bool((a == b).all()), to_host(got), to_host(want))
+    g = Generator(cfg, got, impl="xla", mesh=parse_mesh(mesh), drafter=drafter, spec=specs["chain"])
+    return {"same_shardings": all(jax.tree.leaves(same_sharding)), "same_values": all(jax.tree.leaves(same_value)),
+            "tokens": g.generate(prompts, max_new_tokens=12, chat=False).token_ids}
+
+
 result = {"reference": {}, "meshes": {}}
 for method in ("plain", "chain", "tree") if not join else ():
     result["reference"][method] = run(None, method)[1]
@@ -81,6 +99,7 @@ for mesh in meshes:
         result["meshes"][mesh][method] = out
         if method == "chain":
             result["meshes"][mesh].update(collectives(g))
+    result["meshes"][mesh]["loaded"] = loaded(mesh)
 result["process"] = jax.process_index()
 result["weight_shapes"] = sorted({tuple(x.shape[1:]) for x in params["layers"].values()}
                                 | {tuple(params["embed"].shape), tuple(params["lm_head"].shape)})

@@ -42,6 +42,9 @@ def _check(result: dict, mesh: str) -> None:
         assert got[method]["tokens"] == ref[method]["tokens"], (mesh, method)
         assert got[method]["accepted"] == ref[method]["accepted"], (mesh, method)
     assert got["chain"]["accepted"] > 0 and got["tree"]["accepted"] > 0  # drafts were verified on the mesh
+    # Read from a converted checkpoint straight into its shards: the same layout and values.
+    assert got["loaded"]["same_shardings"] and got["loaded"]["same_values"], got["loaded"]
+    assert got["loaded"]["tokens"] == ref["chain"]["tokens"]
     # The step moves activations between shards, never a whole weight or the whole KV cache.
     weights = {tuple(s) for s in result["weight_shapes"]} | {tuple(got["cache"])}
     moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
