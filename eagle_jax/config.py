@@ -46,11 +46,17 @@ class RopeConfig:
 
 
 class _AttentionShape:
-    """Shared by the target and drafter configs: GQA head arithmetic."""
+    """Shared by the target and drafter configs: GQA head arithmetic, and the column
+    layout of the fused projections. `fused_groups` g: the q|k|v and gate|up columns
+    come in g groups, group i holding the i-th g-th of the q heads, of the KV heads and
+    of v (of gate and of up), so a model axis of g shards holds whole pieces
+    (`sharding.fused_layout`); 1 is the checkpoint layout, [q | k | v], [gate | up]."""
 
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    intermediate_size: int
+    fused_groups: int
 
     def _check_heads(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -58,6 +64,10 @@ class _AttentionShape:
                 f"num_attention_heads ({self.num_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
+        g = self.fused_groups
+        if not isinstance(g, int) or g < 1 or self.num_kv_heads % g or self.intermediate_size % g:
+            raise ConfigError(f"fused_groups ({g!r}) must be a positive integer dividing num_key_value_heads "
+                              f"({self.num_kv_heads}) and intermediate_size ({self.intermediate_size})")
 
     @property
     def q_size(self) -> int:
@@ -96,6 +106,7 @@ class TargetConfig(_AttentionShape):
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name_or_path: str = ""
+    fused_groups: int = 1  # see _AttentionShape
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -156,6 +167,7 @@ class DrafterConfig(_AttentionShape):
     speculative_tokens: int = 3
     sliding_window: int | None = None
     num_aux_states: int = 3  # only read while aux_layer_ids is ()
+    fused_groups: int = 1  # see _AttentionShape
 
     def __post_init__(self):
         if self.fc_norm and self.norm_before_fc:

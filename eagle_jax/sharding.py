@@ -9,7 +9,9 @@ vllm-project/tpu-inference lay out Llama. A dimension is split only where
 its mesh axis divides it, in whole heads:
 
 - the fused q|k|v projection (`qkv`) splits piece by piece, so each model
-  shard holds whole heads of q, of k and of v; with fewer KV heads than the
+  shard holds whole heads of q, of k and of v (`fused_layout` reorders its
+  columns into one group per shard where the axis divides the KV heads and
+  the MLP width, and the config's `fused_groups` tells the forward); with fewer KV heads than the
   axis, each shard keeps one KV head (copies of it: as tpu-inference and
   vLLM replicate KV heads), and with a count that neither divides nor is a
   multiple of the axis, the KV part (and the KV cache) stays whole;
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 from eagle_jax.config import ConfigError
 
 __all__ = ["MeshShape", "RULES", "TARGET_AXES", "DRAFTER_AXES", "CACHE_AXES", "parse_mesh",
-           "per_device_elements", "partition_spec", "make_mesh", "shard_params", "shard_cache", "to_host"]
+           "per_device_elements", "partition_spec", "make_mesh", "fused_layout",
+           "shard_params", "shard_model", "shard_cache", "to_host"]
 
 RULES: dict[str, str | None] = {
     "batch": "data",
@@ -117,8 +120,9 @@ def per_device_elements(shape: tuple[int, ...], axes: tuple[str, ...], mesh: Mes
 def partition_spec(name: str, shape: tuple[int, ...], table: dict[str, tuple[str, ...]], mesh: MeshShape):
     """The PartitionSpec of a parameter leaf `name` of `shape` (a stacked target leaf, or one layer's
     of an unrolled stack: its leading `layers` axis dropped). A dimension its mesh axis does not
-    divide is replicated. Fused q|k|v and gate|up are split into even column blocks here: correct
-    under XLA's partitioner, which moves what the q/k/v and gate/up slices need between shards."""
+    divide is replicated. Fused q|k|v and gate|up are split into even column blocks: with the
+    columns in groups (`fused_layout`, `shard_model`), block i is group i, whole heads of q, k
+    and v; in the checkpoint's order XLA would move what each slice needs between shards."""
     axes = table[name]
     if len(axes) == len(shape) + 1 and axes[0] == "layers":
         axes = axes[1:]
@@ -156,23 +160,67 @@ def make_mesh(shape: MeshShape):
     return Mesh(np.array(used).reshape(shape.data, shape.model), ("data", "model"))
 
 
-def shard_params(params, table: dict[str, tuple[str, ...]], mesh):
+def fused_layout(cfg, model: int):
+    """(groups, {leaf name: column order}) that lays a model's fused projections out for a
+    model axis of `model` shards: `groups` = model where it divides the KV heads and the MLP
+    width (else 1: no reordering), and column j of a reordered leaf is column order[j] of the
+    checkpoint's. Group i then holds the i-th share of q, of k and of v ([gate | up]: of
+    gate and of up), so each shard computes its heads and MLP columns without moving
+    activations between shards; a config with `fused_groups=groups` reads that layout."""
+    import numpy as np
+
+    if model == 1 or cfg.num_kv_heads % model or cfg.intermediate_size % model:
+        return 1, {}
+    q, kv, f = cfg.q_size // model, cfg.kv_size // model, cfg.intermediate_size // model
+    qkv = np.concatenate([np.concatenate([np.arange(i * q, (i + 1) * q),
+                                          cfg.q_size + np.arange(i * kv, (i + 1) * kv),
+                                          cfg.q_size + cfg.kv_size + np.arange(i * kv, (i + 1) * kv)])
+                          for i in range(model)])
+    gate_up = np.concatenate([np.concatenate([np.arange(i * f, (i + 1) * f),
+                                              cfg.intermediate_size + np.arange(i * f, (i + 1) * f)])
+                              for i in range(model)])
+    return model, {"wqkv": qkv, "bqkv": qkv, "w_gate_up": gate_up}
+
+
+def shard_params(params, table: dict[str, tuple[str, ...]], mesh, columns: dict | None = None):
     """Each leaf put on `mesh` by its PartitionSpec: each device receives only its own shard.
     A host (numpy) leaf, such as a memory-mapped checkpoint tensor, is read slice by slice
-    (`jax.make_array_from_callback`): no device, and no process, holds a whole copy of it."""
+    (`jax.make_array_from_callback`): no device, and no process, holds a whole copy of it.
+    columns: {leaf name: column order} (`fused_layout`) for leaves to reorder on the way."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
 
     shape = MeshShape(mesh.shape["data"], mesh.shape["model"])
+    columns = columns or {}
 
     def put(path, x):
-        sharding = NamedSharding(mesh, partition_spec(path[-1].key, x.shape, table, shape))
+        name = path[-1].key
+        sharding = NamedSharding(mesh, partition_spec(name, x.shape, table, shape))
+        order = columns.get(name)
         if isinstance(x, np.ndarray):
-            return jax.make_array_from_callback(x.shape, sharding, lambda index: np.ascontiguousarray(x[index]))
-        return jax.device_put(x, sharding)
+            def read(index):
+                part = x[index[:-1]]
+                cols = index[-1] if order is None else order[index[-1]]
+                return np.ascontiguousarray(part[..., cols])
+            return jax.make_array_from_callback(x.shape, sharding, read)
+        return jax.device_put(x if order is None else x[..., order], sharding)
 
     return jax.tree_util.tree_map_with_path(put, params)
+
+
+def shard_model(cfg, params, table: dict[str, tuple[str, ...]], mesh):
+    """(cfg, params) of a target or drafter put on `mesh`, the fused projections laid out in
+    groups for its model axis (`fused_layout`; params already in that layout stay so)."""
+    import dataclasses
+
+    groups, columns = fused_layout(cfg, mesh.shape["model"])
+    if cfg.fused_groups not in (1, groups):
+        raise ConfigError(f"parameters laid out for {cfg.fused_groups} model shards cannot be put on "
+                          f"a model axis of {mesh.shape['model']}")
+    if cfg.fused_groups == groups:
+        columns = {}
+    return dataclasses.replace(cfg, fused_groups=groups), shard_params(params, table, mesh, columns)
 
 
 def shard_cache(cache, mesh):

@@ -131,16 +131,21 @@ def matmul(x, w, bias=None, *, out_dtype=None, residual=None):
     return y if residual is None else residual + y
 
 
-def norm_swiglu(x, norm_weights, w_gate_up, *, eps, impl="auto"):
-    """silu(gate) * up of rms_norm(x) @ [gate | up]: [..., K] -> [..., N/2] in x.dtype.
+def norm_swiglu(x, norm_weights, w_gate_up, *, eps, groups=1, impl="auto"):
+    """silu(gate) * up of rms_norm(x) @ [gate | up]: [..., K] -> [..., N/2] in x.dtype;
+    with `groups` > 1 the columns are that many groups of [gate | up] (a model-parallel
+    layout) and the result is in the usual order.
 
     On a `PackedWeight` whose halves tile evenly, one native call does the
     norm, both projections and the product."""
-    if isinstance(w_gate_up, PackedWeight) and _native_fuses(x, w_gate_up, None) and cpu.fuses_swiglu(w_gate_up):
-        return cpu.matmul(x, w_gate_up, x.dtype, norm_weight=norm_weights, eps=eps, swiglu=True)
+    if isinstance(w_gate_up, PackedWeight):
+        if groups != 1:
+            raise ValueError("the native swiglu takes [gate | up] in one group")
+        if _native_fuses(x, w_gate_up, None) and cpu.fuses_swiglu(w_gate_up):
+            return cpu.matmul(x, w_gate_up, x.dtype, norm_weight=norm_weights, eps=eps, swiglu=True)
     gu = fused_norm_matmul(x, norm_weights, w_gate_up, eps=eps, impl=impl)
-    f = gu.shape[-1] // 2
-    return jax.nn.silu(gu[..., :f]) * gu[..., f:]
+    gu = gu.reshape(*gu.shape[:-1], groups, 2, gu.shape[-1] // (2 * groups))
+    return (jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :]).reshape(*gu.shape[:-3], -1)
 
 
 def _native_fuses(x, w: PackedWeight, bias) -> bool:

@@ -39,7 +39,7 @@ from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
 from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.hf import CheckpointError, load_hf_directory, resolve_dtype
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
-from eagle_jax.sharding import TARGET_AXES, shard_params
+from eagle_jax.sharding import TARGET_AXES, shard_model
 from eagle_jax.tokenizer import Tokenizer
 
 __all__ = [
@@ -213,7 +213,8 @@ def save_converted(target: LoadedTarget, out_dir: str | os.PathLike, *, dtype=No
 def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedTarget:
     """Read a converted directory; `dtype` casts the parameters (default: as stored).
     With a jax `mesh`, each parameter goes from the memory-mapped file straight into its
-    shards by eagle_jax/sharding.py's rules (`shard_params`)."""
+    shards by eagle_jax/sharding.py's rules (`shard_model`: the config then says how the
+    fused projections are laid out)."""
     path = os.fspath(path)
     marker = os.path.join(path, MARKER)
     if not os.path.isfile(marker):
@@ -236,7 +237,7 @@ def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedT
     params = _unflatten(flat)
     _check_tree(cfg, params, path)
     if mesh is not None:
-        params = shard_params(params, TARGET_AXES, mesh)
+        cfg, params = shard_model(cfg, params, TARGET_AXES, mesh)
     tokenizer = Tokenizer.from_hf_dir(path) if meta.get("has_tokenizer") else None
     return LoadedTarget(cfg=cfg, params=params, tokenizer=tokenizer,
                         source=meta.get("source") or os.path.abspath(path))
@@ -389,5 +390,6 @@ def _placed(target: LoadedTarget, mesh) -> LoadedTarget:
     """A target's parameters on `mesh` (unchanged without one)."""
     if mesh is None:
         return target
-    return dataclasses.replace(target, params=shard_params(target.params, TARGET_AXES, mesh))
+    cfg, params = shard_model(target.cfg, target.params, TARGET_AXES, mesh)
+    return dataclasses.replace(target, cfg=cfg, params=params)
 

@@ -112,7 +112,8 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     out, extra = attend(qkv, cos, sin)
     h = matmul(out, layer["wo"], layer.get("bo"), residual=residual)
-    h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps, impl=impl)
+    h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps,
+                   groups=cfg.fused_groups, impl=impl)
     return h, extra
 
 
@@ -157,7 +158,7 @@ def forward(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCach
 
     # The native kernel reads the cache in place and writes the new K/V into
     # it in the same call: one chain of in-place updates, no copy of the cache.
-    native = native_attention(impl, t, cfg.head_dim)
+    native = native_attention(impl, t, cfg)
 
     def attend(qkv, cos, sin):
         if native:

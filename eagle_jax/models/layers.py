@@ -20,20 +20,23 @@ def embed_tokens(table: jax.Array, ids: jax.Array, *, impl: str = "auto") -> jax
     return jnp.take(table, ids, axis=0, mode="clip")
 
 
-def native_attention(impl: str, t: int, head_dim: int) -> bool:
+def native_attention(impl: str, t: int, cfg) -> bool:
     """Whether attention over t new tokens per row runs in the native CPU
-    kernel: decode and verify steps; prefill chunks (long t) and other head
-    sizes attend through XLA."""
-    return resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and head_dim in (64, 128)
+    kernel: decode and verify steps; prefill chunks (long t), other head
+    sizes and q|k|v in groups (`fused_groups`) attend through XLA."""
+    return (resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and cfg.head_dim in (64, 128)
+            and cfg.fused_groups == 1)
 
 
-def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int):
-    """qkv [B, T, (Hq + 2 Hkv) D] -> q [B,T,Hq,D], k [B,T,Hkv,D], v [B,T,Hkv,D]."""
+def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int, groups: int = 1):
+    """qkv [B, T, (Hq + 2 Hkv) D] -> q [B,T,Hq,D], k [B,T,Hkv,D], v [B,T,Hkv,D]; the columns
+    in `groups` groups of [q | k | v] (the config's `fused_groups`)."""
     b, t, _ = qkv.shape
-    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    q = qkv[..., :q_size].reshape(b, t, num_heads, head_dim)
-    k = qkv[..., q_size:q_size + kv_size].reshape(b, t, num_kv_heads, head_dim)
-    v = qkv[..., q_size + kv_size:].reshape(b, t, num_kv_heads, head_dim)
+    hq, hkv = num_heads // groups, num_kv_heads // groups
+    g = qkv.reshape(b, t, groups, (hq + 2 * hkv) * head_dim)
+    q = g[..., :hq * head_dim].reshape(b, t, num_heads, head_dim)
+    k = g[..., hq * head_dim:(hq + hkv) * head_dim].reshape(b, t, num_kv_heads, head_dim)
+    v = g[..., (hq + hkv) * head_dim:].reshape(b, t, num_kv_heads, head_dim)
     return q, k, v
 
 
@@ -49,12 +52,13 @@ def rotated_heads(cfg, qkv, cos, sin, *, q_norm=None, k_norm=None, eps=1e-6):
     """The XLA path of what the native attention does first: qkv [B,T,(Hq+2Hkv)*D],
     cos/sin [B,T,D] -> q [B,T,Hq,D], k and v [B,T,Hkv,D], q and k rotated
     (`rotate_qk`); cfg gives num_heads, num_kv_heads, head_dim."""
-    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    q, k, v = split_heads(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.fused_groups)
     q, k = rotate_qk(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, eps=eps)
     return q, k, v
 
 
-def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, impl="auto"):
+def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, groups=1, impl="auto"):
     """h + down(silu(gate(n)) * up(n)) with n = rms_norm(h): the MLP block with
-    its residual; the norm is fused into gate/up, the residual add into down."""
-    return matmul(norm_swiglu(h, norm_w, w_gate_up, eps=eps, impl=impl), w_down, residual=h)
+    its residual; the norm is fused into gate/up, the residual add into down.
+    groups: the config's `fused_groups` ([gate | up] in that many column groups)."""
+    return matmul(norm_swiglu(h, norm_w, w_gate_up, eps=eps, groups=groups, impl=impl), w_down, residual=h)

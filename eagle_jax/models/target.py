@@ -101,7 +101,8 @@ def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
                             bias=p.get("bqkv"), impl=impl)
     attn, k, v, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native)
     h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h)
-    h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, impl=impl)
+    h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, groups=cfg.fused_groups,
+                   impl=impl)
     return h, k, v, cache
 
 
@@ -133,7 +134,7 @@ def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=N
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     new_mask = causal_mask(b, t) if mask is None else mask
     # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
-    native = native_attention(impl, t, cfg.head_dim)
+    native = native_attention(impl, t, cfg)
 
     def run_layer(p, h, cache, i):
         return _layer(p, cfg, h, cos, sin, cache, i, new_mask, native, impl)

@@ -39,7 +39,7 @@ from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
 from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
-from eagle_jax.sharding import TARGET_AXES, make_mesh, parse_mesh, shard_params, to_host  # noqa: E402
+from eagle_jax.sharding import TARGET_AXES, make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
 from eagle_jax.spec import loop  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
@@ -80,12 +80,13 @@ def loaded(mesh) -> dict:
     mesh_ = make_mesh(parse_mesh(mesh))
     with tempfile.TemporaryDirectory() as d:
         path = save_converted(LoadedTarget(cfg, params, None, "tiny"), os.path.join(d, "tiny"))
-        got = load_converted(path, mesh=mesh_).params
-    want = shard_params(params, TARGET_AXES, mesh_)
-    same_sharding = jax.tree.map(lambda a, b: a.sharding == b.sharding, got, want)
-    same_value = jax.tree.map(lambda a, b: bool((a == b).all()), to_host(got), to_host(want))
-    g = Generator(cfg, got, impl="xla", mesh=parse_mesh(mesh), drafter=drafter, spec=specs["chain"])
+        got = load_converted(path, mesh=mesh_)
+    want_cfg, want = shard_model(cfg, params, TARGET_AXES, mesh_)
+    same_sharding = jax.tree.map(lambda a, b: a.sharding == b.sharding, got.params, want)
+    same_value = jax.tree.map(lambda a, b: bool((a == b).all()), to_host(got.params), to_host(want))
+    g = Generator(got.cfg, got.params, impl="xla", mesh=parse_mesh(mesh), drafter=drafter, spec=specs["chain"])
     return {"same_shardings": all(jax.tree.leaves(same_sharding)), "same_values": all(jax.tree.leaves(same_value)),
+            "fused_groups": [got.cfg.fused_groups, want_cfg.fused_groups],
             "tokens": g.generate(prompts, max_new_tokens=12, chat=False).token_ids}
 
 

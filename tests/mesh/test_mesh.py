@@ -12,6 +12,7 @@ simulated devices each, decode on one 2x4 mesh across both.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -24,9 +25,10 @@ import pytest
 from eagle_jax.config import ConfigError, TargetConfig
 from eagle_jax.generate import Generator
 from eagle_jax.models import target
-from eagle_jax.sharding import MeshShape
+from eagle_jax.sharding import MeshShape, fused_layout
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_on_mesh.py")
+HEAD_DIM = 8  # of run_on_mesh.py's target
 
 
 def _run(*meshes: str) -> dict:
@@ -44,11 +46,16 @@ def _check(result: dict, mesh: str) -> None:
     assert got["chain"]["accepted"] > 0 and got["tree"]["accepted"] > 0  # drafts were verified on the mesh
     # Read from a converted checkpoint straight into its shards: the same layout and values.
     assert got["loaded"]["same_shardings"] and got["loaded"]["same_values"], got["loaded"]
+    assert got["loaded"]["fused_groups"] == [int(mesh.split("x")[1])] * 2
     assert got["loaded"]["tokens"] == ref["chain"]["tokens"]
     # The step moves activations between shards, never a whole weight or the whole KV cache.
     weights = {tuple(s) for s in result["weight_shapes"]} | {tuple(got["cache"])}
     moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
     assert not moved & weights, moved & weights
+    # q|k|v and gate|up come in one group per model shard (`fused_layout`): slicing them moves no
+    # head between shards (with a data axis, a few per-row scalars and indices still move).
+    heads = [s for s in got["collectives"].get("collective-permute", []) if s and max(s) >= HEAD_DIM]
+    assert not heads, got["collectives"]
 
 
 def test_greedy_output_on_a_1x8_mesh_equals_the_unsharded_run():
@@ -86,6 +93,26 @@ def test_two_processes_on_one_2x4_mesh_generate_what_one_process_does():
         _check(dict(result, reference=reference), "2x4")
         processes.append(result["process"])
     assert sorted(processes) == [0, 1]
+
+
+def test_grouped_fused_columns_decode_as_the_checkpoint_layout():
+    """One device: the q|k|v and gate|up columns reordered by `fused_layout` for a model axis of 2,
+    read under `fused_groups=2`, give the tokens of the checkpoint's layout."""
+    cfg = TargetConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=8, max_position_embeddings=128)
+    params = target.init_params(cfg, jax.random.PRNGKey(1), scale=0.5)
+    groups, columns = fused_layout(cfg, 2)
+    assert groups == 2 and sorted(columns) == ["bqkv", "w_gate_up", "wqkv"]
+    assert fused_layout(cfg, 4) == (1, {})  # 4 does not divide the 2 KV heads: the checkpoint layout
+    grouped = dict(params, layers={k: v[..., columns[k]] if k in columns else v for k, v in params["layers"].items()})
+    assert not bool((grouped["layers"]["wqkv"] == params["layers"]["wqkv"]).all())
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    want = Generator(cfg, params, impl="xla").generate(prompts, max_new_tokens=8, chat=False).token_ids
+    got = Generator(dataclasses.replace(cfg, fused_groups=2), grouped, impl="xla").generate(
+        prompts, max_new_tokens=8, chat=False).token_ids
+    assert got == want
+    with pytest.raises(ConfigError, match="fused_groups"):
+        dataclasses.replace(cfg, fused_groups=3)
 
 
 def test_a_mesh_needs_its_devices_and_the_xla_path():
