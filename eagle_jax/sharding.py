@@ -171,15 +171,15 @@ def fused_layout(cfg, model: int):
 
     if model == 1 or cfg.num_kv_heads % model or cfg.intermediate_size % model:
         return 1, {}
-    q, kv, f = cfg.q_size // model, cfg.kv_size // model, cfg.intermediate_size // model
-    qkv = np.concatenate([np.concatenate([np.arange(i * q, (i + 1) * q),
-                                          cfg.q_size + np.arange(i * kv, (i + 1) * kv),
-                                          cfg.q_size + cfg.kv_size + np.arange(i * kv, (i + 1) * kv)])
-                          for i in range(model)])
-    gate_up = np.concatenate([np.concatenate([np.arange(i * f, (i + 1) * f),
-                                              cfg.intermediate_size + np.arange(i * f, (i + 1) * f)])
-                              for i in range(model)])
-    return model, {"wqkv": qkv, "bqkv": qkv, "w_gate_up": gate_up}
+
+    def grouped(*pieces: int):
+        """Columns of pieces laid side by side, reordered to the i-th share of each, for each i."""
+        blocks = [start + np.arange(size).reshape(model, size // model)
+                  for start, size in zip(np.cumsum((0,) + pieces[:-1]), pieces)]
+        return np.concatenate(blocks, axis=1).reshape(-1)
+
+    qkv = grouped(cfg.q_size, cfg.kv_size, cfg.kv_size)
+    return model, {"wqkv": qkv, "bqkv": qkv, "w_gate_up": grouped(cfg.intermediate_size, cfg.intermediate_size)}
 
 
 def shard_params(params, table: dict[str, tuple[str, ...]], mesh, columns: dict | None = None):

@@ -22,11 +22,11 @@ import pytest
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # No persistent XLA compilation cache in tests (`EAGLE_JAX_XLA_CACHE=off`, read by
-# `eagle_jax.runtime.enable_compilation_cache`). With one, two local full
-# runs crashed inside JAX's cache code (a segfault in `get_executable_and_time`, an abort
-# in `put_executable_and_time`); a CI run with a
-# directory per worker then lost a worker to a segfault at 92% (its log kept no stack of
-# the crashing thread). Set the variable to a directory to test with the cache.
+# `eagle_jax.runtime.enable_compilation_cache`). With one, two local full runs crashed
+# inside JAX's cache code (a segfault in `get_executable_and_time`, an abort in
+# `put_executable_and_time`); a CI run with a directory per worker then lost a worker to a
+# segfault at 92% (its log kept no stack of the crashing thread). Set the variable to a
+# directory to test with the cache.
 os.environ.setdefault("EAGLE_JAX_XLA_CACHE", "off")
 
 

@@ -232,7 +232,8 @@ def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedT
         raise CheckpointError(f"{path}: cannot read {PARAMS_FILE}: {e}") from None
     flat = {}
     for k in st:
-        a = st[k] if dt is None or st[k].dtype == dt else st[k].astype(dt)
+        a = st[k]
+        a = a if dt is None or a.dtype == dt else a.astype(dt)
         flat[k] = a if mesh is not None else jnp.asarray(a)
     params = _unflatten(flat)
     _check_tree(cfg, params, path)
