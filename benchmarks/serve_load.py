@@ -4,7 +4,7 @@ output throughput at concurrency 1, 4 and 16, speculative against plain decoding
     eagle-jax bench --suite serve [--serve-concurrency 1,4,16] [--max-new-tokens 64] [--rounds 2]
 
 Two real HTTP servers (serve/server.py) run in this process on the slot
-engine (`--engine slots`, continuous batching) with as many slots as the
+engine (continuous batching) with as many slots as the
 highest concurrency: one decodes plainly, one has the drafter (`--draft`,
 default the bundled EAGLE 3.1) at every batch size (`disable_by_batch_size=None`,
 so the CPU's batch policy does not turn it off) and drafts at the steps its
@@ -136,7 +136,7 @@ def run(args, log) -> dict:
     try:
         for name, gen in gens.items():
             t0 = time.perf_counter()
-            servers[name] = make_server(gen, "127.0.0.1", 0, engine="slots", max_batch=levels[-1], max_len=max_len,
+            servers[name] = make_server(gen, "127.0.0.1", 0, max_batch=levels[-1], max_len=max_len,
                                         prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget,
                                         draft_name=draft if name == "eagle" else "none")
             threading.Thread(target=servers[name].serve_forever, daemon=True).start()

@@ -24,10 +24,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eagle_jax.serve import protocol as P
-from eagle_jax.serve.engine import BatcherEngine, Delta, Done, EngineError, Sampling
+from eagle_jax.serve.engine import Delta, Done, EngineError, Sampling
 from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from eagle_jax.serve.protocol import ApiError
 from eagle_jax.serve.server import Limits, bind
+from eagle_jax.serve.slots import SlotEngine
 
 __all__ = ["create_app", "Server", "make_server"]
 
@@ -393,22 +394,14 @@ class Server:
 
 
 def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "eagle-jax",
-                draft_name: str = "none", engine: str = "batcher", max_batch: int = 8, batch_window_s: float = 0.005,
-                max_len: int = 1024, prefill_chunk: int = 64, prefill_budget: int = 256, limits: Limits = Limits(),
+                draft_name: str = "none", max_batch: int = 8, max_len: int = 1024, prefill_chunk: int = 64,
+                prefill_budget: int = 256, adaptive: bool = True, limits: Limits = Limits(),
                 api_key: str | None = None, sock: socket.socket | None = None) -> Server:
-    """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port.
-
-    engine "batcher": BatcherEngine (max_batch, batch_window_s); "slots": SlotEngine with max_batch
-    slots (max_len, prefill_chunk, prefill_budget; it compiles before this returns)."""
-    if engine == "slots":
-        from eagle_jax.serve.slots import SlotEngine
-
-        backend = SlotEngine(generator, slots=max_batch, max_len=max_len, draft_name=draft_name,
-                             prefill_chunk=prefill_chunk, prefill_budget=prefill_budget)
-    elif engine == "batcher":
-        backend = BatcherEngine(generator, draft_name=draft_name, max_batch=max_batch, batch_window_s=batch_window_s)
-    else:
-        raise ValueError(f"engine must be 'batcher' or 'slots', got {engine!r}")
+    """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port:
+    serve/slots.py's SlotEngine with `max_batch` row slots (max_len, prefill_chunk, prefill_budget,
+    adaptive), which compiles its programs before this returns."""
+    backend = SlotEngine(generator, slots=max_batch, max_len=max_len, draft_name=draft_name,
+                         prefill_chunk=prefill_chunk, prefill_budget=prefill_budget, adaptive=adaptive)
     app = create_app(backend, model_name=model_name, limits=limits, api_key=api_key)
     return Server(app, sock if sock is not None else bind(host, port), backend)
 

@@ -28,8 +28,8 @@ does not arrive within --body-timeout-s; 413 for a body over --max-body-bytes,
 refused from its Content-Length before it is read; a malformed request line or
 header (e.g. `Content-Length: abc`) gets a JSON 400 from the HTTP parser itself.
 (Headers that never complete are not timed out: uvicorn has no such timer.)
-A client that disconnects cancels its request (serve/engine.py says how far
-the present engine can honour that) and is reported in one console line.
+A client that disconnects cancels its request (its row ends at the next step)
+and is reported in one console line.
 
 Stack: FastAPI (Starlette) on uvicorn rather than aiohttp, by fit: it is what
 the OpenAI-compatible peers run (vLLM, SGLang), its pydantic models check the
@@ -41,8 +41,9 @@ spends 2.7 ms (p50; p99 9.5 ms) in this layer on one loaded core, against
 seconds on the engine.
 
 The engine behind the HTTP layer is anything with serve/engine.py's interface
-(submit / events / cancel / load / check / info): `BatcherEngine` (the default)
-or, with `--engine slots`, serve/slots.py's `SlotEngine` (continuous batching).
+(submit / events / cancel / load / check / info); the server runs
+serve/slots.py's `SlotEngine` (continuous batching over `--max-batch` row
+slots, every program compiled at start-up).
 serve/app.py holds the HTTP layer; this module (the command line, limits and
 `make_server`) imports no web framework until a server is made.
 """
@@ -105,20 +106,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Limits()
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--engine", choices=("batcher", "slots"), default="batcher",
-                   help="batcher: static batches of requests that arrive together; slots: continuous batching, "
-                        "--max-batch row slots that requests join and leave between steps (serve/slots.py)")
     p.add_argument("--max-batch", type=int, default=8,
-                   help="most prompts batched together across concurrent requests (1 = no batching)")
+                   help="row slots: most requests decoded together (continuous batching, serve/slots.py)")
     p.add_argument("--max-len", type=int, default=1024,
-                   help="slots engine: cache slots per row, prompt and answer (and a step's scratch) together")
+                   help="cache slots per row: prompt and answer (and a step's scratch) together")
     p.add_argument("--prefill-chunk", type=int, default=64,
-                   help="slots engine: prompt tokens prefilled a call (one program for every prompt length)")
+                   help="prompt tokens prefilled a call (one program for every prompt length)")
     p.add_argument("--prefill-budget", type=int, default=256,
-                   help="slots engine: most prompt tokens prefilled between two steps while rows decode "
+                   help="most prompt tokens prefilled between two steps while rows decode "
                         "(0: every waiting prompt before the next step)")
-    p.add_argument("--batch-window-ms", type=float, default=5.0,
-                   help="how long the oldest waiting request waits for others to batch with")
+    p.add_argument("--fixed-draft-depth", action="store_true",
+                   help="draft at the configured depth at every step that speculates, rather than at the depth "
+                        "(down to plain) that measured step costs and acceptance favour")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
     p.add_argument("--api-key", default=os.environ.get("EAGLE_JAX_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $EAGLE_JAX_API_KEY, else none)")
@@ -152,9 +151,10 @@ def main(args) -> int:
                     max_tokens=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                     max_prompt_tokens=args.max_prompt_tokens)
     name = args.served_model_name or args.target
-    server = make(gen, model_name=name, draft_name=args.draft, engine=args.engine, max_batch=args.max_batch,
-                  batch_window_s=args.batch_window_ms / 1000, max_len=args.max_len,
-                  prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget, limits=limits, api_key=args.api_key, sock=sock)
+    server = make(gen, model_name=name, draft_name=args.draft, max_batch=args.max_batch, max_len=args.max_len,
+                  prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget,
+                  adaptive=not args.fixed_draft_depth, limits=limits,
+                  api_key=args.api_key, sock=sock)
     host, port = server.server_address
     print(f"eagle-jax serve: http://{host}:{port} (model {name!r}, draft "
           f"{server.engine.info()['draft']}{', API key required' if args.api_key else ''})", flush=True)

@@ -33,7 +33,9 @@ the same (plain 41.5 against 46 ms, chain k=3 90.4 against 90.5 ms). Every
 program is compiled at construction (`info()["warmup_s"]`).
 
 Whether the engine has a drafter is fixed at construction (by default
-`Generator.speculates(slots)`, i.e. `disable_by_batch_size`). With one, each
+`Generator.speculates(1)`: a drafter is loaded and `disable_by_batch_size` is
+not 0); by default a step over more running rows than `disable_by_batch_size`
+is plain, as vLLM disables speculation by batch size. Otherwise each
 step drafts at a depth `_DraftPolicy` picks (`loop.step(..., depth=d)`: the
 configured depth D, a shallower `SpecConfig.at_depth`, or 0, a plain step):
 the depth whose expected tokens a row (from the measured acceptance at each
@@ -125,8 +127,11 @@ class SlotEngine:
             raise ValueError(f"prefill_chunk must be in [16, max_len={max_len}], got {prefill_chunk}")
         if prefill_budget < 0:
             raise ValueError(f"prefill_budget must be >= 0 (0: no limit), got {prefill_budget}")
-        speculative = gen.speculates(slots) if speculative is None else speculative and gen.speculative
+        # speculative=None: the generator's disable_by_batch_size decides, per step, as in vLLM.
+        limit = gen.disable_by_batch_size if speculative is None else None
+        speculative = gen.speculates(1) if speculative is None else speculative and gen.speculative
         adaptive = adaptive and speculative
+        self.draft_rows = limit if speculative else None  # steps over more running rows decode plainly
         # Prefills (and an adaptive engine's plain steps) leave the drafter behind; it catches up,
         # CATCH_UP_WIDTH positions a call, before the next drafting step.
         lc = dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if speculative else 0)
@@ -157,7 +162,8 @@ class SlotEngine:
         self._shapes = self._state_shapes()
         self._state = self._empty()
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
-        depths = (0,) + _depths(self.depth) if adaptive else (self.depth,)
+        capped = self.draft_rows is not None and self.draft_rows < slots
+        depths = (0,) + _depths(self.depth) if adaptive else tuple(sorted({0, self.depth} if capped else {self.depth}))
         costs = self._warm_up(depths)
         if adaptive:
             self._policy = _DraftPolicy(costs, self.depth)
@@ -172,7 +178,7 @@ class SlotEngine:
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "prefill_chunk": self.prefill_chunk,
                 "prefill_budget": self.prefill_budget,
-                "adaptive": self._policy is not None, "steps": {str(d): n for d, n in sorted(self.steps.items())},
+                "adaptive": self._policy is not None, "disable_by_batch_size": self.draft_rows, "steps": {str(d): n for d, n in sorted(self.steps.items())},
                 "catch_ups": self.catch_ups}
 
     def check(self, prompt_ids: list[int]) -> None:
@@ -353,7 +359,12 @@ class SlotEngine:
             self._observe()
         if self._rows:
             rows = self._bucket()
-            depth = self._policy.choose(rows, self._catch_up_calls(), self._horizon()) if self._policy else self.depth
+            if self.draft_rows is not None and len(self._rows) > self.draft_rows:
+                depth = 0
+            elif self._policy:
+                depth = self._policy.choose(rows, self._catch_up_calls(), self._horizon())
+            else:
+                depth = self.depth
             seconds = self._step(rows, depth)
             self.steps[depth] = self.steps.get(depth, 0) + 1
             counts = self._observe()

@@ -1,8 +1,7 @@
 """`eagle-jax serve` through the official `openai` client and raw sockets.
 
-One Generator (SmolLM2 + its bundled drafter, fp32) serves every test; its
-padded shapes are pinned (`min_shapes`) so requests of different lengths share
-compiled programs. Answers are compared with the Generator's own, bad input
+One Generator (SmolLM2 + its bundled drafter, fp32) behind the slot engine
+serves every test. Answers are compared with the Generator's own, bad input
 with OpenAI-style JSON errors, and a load of concurrent clients (some
 streaming, some leaving early) with the same requests sent alone.
 """
@@ -18,10 +17,12 @@ import time
 import urllib.error
 import urllib.request
 
+import jax
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.server import Limits, PortInUse, bind, make_server
@@ -30,19 +31,21 @@ CHAT = [{"role": "user", "content": "Name three primary colours."}]
 QUESTIONS = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French.", "Name a large animal.",
              "What colour is the sky?", "Count to five.", "Name a fruit.", "What is the capital of Italy?"]
 MODEL = "smollm2"
+SLOTS = 4
 
 
 @pytest.fixture(scope="module")
 def gen(smollm2_target):
     t = smollm2_target
     drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
-    g = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter)
-    g.min_shapes = (128, 256, 64)  # prompts <= 128 tokens, max_tokens <= 48: one shape per batch size
-    return g
+    # Speculating at every batch size (the CPU's default may turn it off): the tests read its counters.
+    return Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=SpecConfig(disable_by_batch_size=None))
 
 
 def _start(gen, **kw):
-    server = make_server(gen, "127.0.0.1", 0, model_name=MODEL, draft_name="default", **kw)
+    """A server on its own slot engine (drafting at every step: the counters below are then certain)."""
+    settings = {"max_batch": SLOTS, "max_len": 256, "prefill_chunk": 32, "adaptive": False, **kw}
+    server = make_server(gen, "127.0.0.1", 0, model_name=MODEL, draft_name="default", **settings)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
@@ -170,7 +173,7 @@ def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(loop, "step_jit", broken)
+    monkeypatch.setattr(loop, "step_rows_jit", broken)
     status, text, _ = _post(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
     assert status == 200  # the headers were already sent when it failed
     events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
@@ -192,6 +195,7 @@ def test_models_health_and_unknown_model(served, client):
     info = json.loads(text)
     assert status == 200 and info["draft"] == "default" and info["method"] == gen.spec.method
     assert info["disable_by_batch_size"] == gen.disable_by_batch_size
+    assert info["engine"] == "slots" and info["slots"] == SLOTS and info["warmup_s"] > 0
     assert _get(url + "/v1/nothing")[0] == 404
 
 
@@ -365,15 +369,6 @@ def test_a_busy_port_is_one_line(served, capsys):
 # ---------------------------------------------------------------------------- load
 
 
-@pytest.fixture(scope="module")
-def batching(gen):
-    """A second server on the same Generator that gathers requests for up to 1 s, 4 at most."""
-    server, url = _start(gen, max_batch=4, batch_window_s=1.0)
-    yield gen, url
-    server.shutdown()
-    server.server_close()
-
-
 def _together(jobs):
     """Run every callable at once (one thread each); their results in order."""
     out, errors = [None] * len(jobs), []
@@ -398,41 +393,24 @@ def _client(url, **kw):
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, **{"timeout": 600, **kw})
 
 
-def test_concurrent_requests_are_batched_and_answer_as_alone(batching):
-    gen, url = batching
+def test_concurrent_requests_share_steps_and_answer_as_alone(served):
+    gen, url = served
     c = _client(url)
     lengths = [12, 6, 9]
     replies = _together([lambda q=q, m=m: _ask(c, q, max_tokens=m, extra_body={"top_k": 5})
-                         for q, m in zip(QUESTIONS, lengths)])  # greedy ignores top_k: still one batch
+                         for q, m in zip(QUESTIONS, lengths)])  # greedy ignores top_k
     for q, m, out in zip(QUESTIONS, lengths, replies):
-        assert out.model_extra["eagle"]["batch_size"] == 3
         alone = _alone(gen, [{"role": "user", "content": q}], max_new_tokens=m)
         assert out.choices[0].message.content == alone.texts[0]
         assert out.usage.completion_tokens == len(alone.token_ids[0])
-
-
-def test_a_failing_batch_is_retried_request_by_request(batching, monkeypatch):
-    gen, url = batching
-    real = gen.generate
-
-    def no_batches(prompts, **kw):  # e.g. out of memory for the combined shape only
-        if len(prompts) > 1:
-            raise RuntimeError("simulated failure of the combined batch")
-        return real(prompts, **kw)
-
-    monkeypatch.setattr(gen, "generate", no_batches)
-    c = _client(url)
-    replies = _together([lambda q=q: _ask(c, q, max_tokens=5) for q in QUESTIONS[:2]])
-    for q, out in zip(QUESTIONS, replies):
-        assert out.model_extra["eagle"]["batch_size"] == 1
-        assert out.choices[0].message.content == _alone(gen, [{"role": "user", "content": q}],
-                                                        max_new_tokens=5).texts[0]
+    assert max(out.model_extra["eagle"]["batch_size"] for out in replies) >= 2  # they ran side by side
 
 
 def _load(url, n_clients: int, caplog) -> None:
     """n_clients at once: greedy ones (half streaming, mixed lengths), sampled ones
     and ones that leave early; then every greedy answer against the same request
-    sent alone, and the server back to idle and answering."""
+    sent alone, nothing compiled after the warm-up, and the server back to idle
+    and answering."""
     c, impatient = _client(url), _client(url, timeout=0.3)
     greedy = [(QUESTIONS[i % len(QUESTIONS)], 4 + 3 * (i % 5), i % 2 == 1) for i in range(n_clients // 2)]
 
@@ -462,9 +440,20 @@ def _load(url, n_clients: int, caplog) -> None:
                                               extra_body={"top_k": 20}))
         else:
             jobs.append(lambda q=q, k=kind: leave_stream(q) if k == 1 else leave_whole(q))
-    answers = _together(jobs)[:len(greedy)]
-    for (q, m, _), answer in zip(greedy, answers):
-        assert answer == ask(q, m, False), (q, m)  # the same request alone
+    compiles = []
+
+    def listen(event, _secs, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        answers = _together(jobs)[:len(greedy)]
+        for (q, m, _), answer in zip(greedy, answers):
+            assert answer == ask(q, m, False), (q, m)  # the same request alone
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert not compiles, f"{len(compiles)} compilations after the warm-up"
     deadline = time.monotonic() + 120
     while _running_and_waiting(url) != (0, 0):
         assert time.monotonic() < deadline, "requests left running after their clients left"
@@ -484,13 +473,13 @@ def _running_and_waiting(url):
     return v["vllm:num_requests_running"], v["vllm:num_requests_waiting"]
 
 
-def test_load_with_streams_and_clients_leaving(batching, caplog):
-    _load(batching[1], 12, caplog)
+def test_load_with_streams_and_clients_leaving(served, caplog):
+    _load(served[1], 12, caplog)
 
 
 @pytest.mark.slow
 def test_heavy_load(gen, caplog):
-    server, url = _start(gen, max_batch=8, batch_window_s=0.05)
+    server, url = _start(gen, max_batch=8, adaptive=True)
     try:
         _load(url, 32, caplog)
     finally:

@@ -282,13 +282,14 @@ def test_more_requests_than_slots_queue_and_complete(plain):
 
 
 def test_served_through_the_openai_client(chain):
-    """`eagle-jax serve --engine slots`: make_server builds a SlotEngine; answers equal the Generator's alone."""
+    """`eagle-jax serve --max-batch N`: make_server builds an N-slot engine; answers equal the Generator's alone."""
     gen, _ = chain
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert parser.parse_args(["--engine", "slots"]).engine == "slots" and parser.parse_args([]).engine == "batcher"
-    server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default", engine="slots",
-                         max_batch=SLOTS, max_len=256)
+    args = parser.parse_args(["--max-batch", str(SLOTS), "--max-len", "256", "--fixed-draft-depth"])
+    assert (args.max_batch, args.max_len, args.fixed_draft_depth) == (SLOTS, 256, True)
+    server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default",
+                         max_batch=args.max_batch, max_len=args.max_len, adaptive=not args.fixed_draft_depth)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
@@ -390,6 +391,41 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
     # Each request's draft tokens are the sum of its steps' depths: more than one a step, fewer than the deepest.
     for _, done in outs:
         assert done.spec.drafts < done.spec.draft_tokens < done.spec.drafts * gen.spec.depth
+
+
+def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_target, monkeypatch):
+    """By default the generator's disable_by_batch_size caps, step by step, the running rows that
+    speculate (vLLM's rule): a lone request drafts, two together step plainly, and the answers stay
+    each prompt's alone."""
+    t = smollm2_target
+    drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
+    gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=SpecConfig(disable_by_batch_size=1))
+    engine = SlotEngine(gen, slots=2, max_len=256, adaptive=False, prefill_chunk=CHUNK)
+    try:
+        assert engine.lc.speculative and engine.info()["disable_by_batch_size"] == 1
+        seen, step = [], loop.step_rows_jit
+
+        def spy(*args, **kwargs):
+            seen.append((len(engine._rows), kwargs["depth"]))
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "step_rows_jit", spy)
+
+        async def scenario():
+            started = asyncio.Event()
+            first = asyncio.create_task(_collect(engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_tokens=32),
+                                                               stream=True), started))
+            await started.wait()
+            second = await _collect(engine.submit(_ids(gen, PROMPTS[1]), Sampling(max_tokens=6), stream=True))
+            return [await first, second]
+
+        outs = asyncio.run(scenario())
+    finally:
+        engine.close()
+    for p, m, (text, done) in zip(PROMPTS[:2], (32, 6), outs):
+        _check_alone(gen, p, m, text, done)
+    assert any(n == 2 for n, _ in seen) and all(d == 0 for n, d in seen if n == 2)
+    assert any(d == gen.spec.depth for n, d in seen if n == 1)
 
 
 def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
