@@ -14,13 +14,18 @@ hit `max_new_tokens` or would overflow `max_prompt_tokens`. Held-out
 conversations (train/data.py `is_heldout`) are copied unchanged: only their
 prompts are used, for evaluation, and keeping their ids keeps the split.
 
+The answers come from the slot engine the server runs (serve/slots.py:
+continuous batching): `batch_size` conversations at a time, each in its own
+slot, a finished one's slot taken at once by the next conversation.
+
 Output: JSONL, one `{"id", "messages", "regenerated_turns", "truncated"}` per
-conversation, in input order, appended batch by batch and fsync'ed; a rerun
+conversation, in the order they finish, each appended and fsync'ed; a rerun
 with the same arguments skips the ids already written (a torn last line from
 a killed run is dropped), so the job resumes where it stopped. `skip_ids` (`--skip-ids-from`, e.g. the
 committed train/data/sharegpt-regen.jsonl.gz) are skipped too, so a fresh working
 file continues after what is already in git (train/datastore.py merges it back).
-With progress off, one JSON line per batch goes to stderr (done, tokens, tok/s).
+With progress off, one JSON line per `batch_size` conversations goes to stderr
+(done, tokens, tok/s).
 """
 
 from __future__ import annotations
@@ -88,8 +93,6 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
     `generator` is an `eagle_jax.generate.Generator` (plain or speculative:
     greedy output is the target's either way). Returns counts and timings.
     """
-    from tqdm import tqdm
-
     from eagle_jax.train.data import is_heldout
 
     if batch_size < 1 or max_new_tokens < 1 or max_turns < 1:
@@ -104,68 +107,105 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = read_done(out_path) | set(skip_ids)
     todo = [c for c in conversations if c["id"] not in done]
-    # One set of padded shapes for every batch: one compile.
-    generator.min_shapes = (max_prompt_tokens, max_prompt_tokens + max_new_tokens + 2, max_new_tokens + 16)
     stats = {"skipped_already_done": len(conversations) - len(todo), "conversations": 0,
-             "heldout_copied": 0, "no_answer_copied": 0, "dropped_prompt_too_long": 0, "turns": 0, "tokens": 0, "truncated": 0, "generate_s": 0.0}
-    bar = tqdm(total=len(todo), desc="regenerate", unit="conv", disable=not progress)
+             "heldout_copied": 0, "no_answer_copied": 0, "dropped_prompt_too_long": 0, "turns": 0, "tokens": 0,
+             "truncated": 0, "generate_s": 0.0}
     with open(out_path, "a", encoding="utf-8") as f:
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start:start + batch_size]
-            records, live = [], {}  # live: index in records -> regeneration state
-            for conv in chunk:
-                head, ex = _exchanges(conv["messages"])
-                heldout = is_heldout(conv["id"], heldout_fraction)
-                if heldout or not ex:
-                    records.append({"id": conv["id"], "messages": conv["messages"],
-                                    "regenerated_turns": 0, "truncated": False})
-                    stats["heldout_copied" if heldout else "no_answer_copied"] += 1
-                else:
-                    live[len(records)] = {"ex": ex, "open": True}
-                    records.append({"id": conv["id"], "messages": list(head), "regenerated_turns": 0,
-                                    "truncated": False})
-            for turn in range(max_turns):
-                rows, prompts = [], []
-                for i, s in live.items():
-                    if not s["open"] or turn >= len(s["ex"]):
-                        continue
-                    ids = tok.apply_chat(records[i]["messages"] + s["ex"][turn], add_generation_prompt=True)
-                    if len(ids) > max_prompt_tokens:
-                        s["open"] = False
-                        continue
-                    rows.append(i)
-                    prompts.append(ids)
-                if not rows:
-                    break
-                t0 = time.perf_counter()
-                res = generator.generate(prompts, max_new_tokens=max_new_tokens, chat=False)
-                stats["generate_s"] += time.perf_counter() - t0
-                for i, text, reason, ids in zip(rows, res.texts, res.finish_reasons, res.token_ids):
-                    r = records[i]
-                    r["messages"] = r["messages"] + live[i]["ex"][turn] + [
-                        {"role": "assistant", "content": text}]
-                    r["regenerated_turns"] += 1
-                    if reason != "eos":  # cut off: later turns would answer a different text
-                        r["truncated"], live[i]["open"] = True, False
-                    stats["turns"] += 1
-                    stats["tokens"] += len(ids)
-            # a conversation whose first prompt does not fit yields nothing
-            kept = [r for i, r in enumerate(records) if i not in live or r["regenerated_turns"] > 0]
-            stats["dropped_prompt_too_long"] += len(records) - len(kept)
-            stats["conversations"] += sum(1 for i in live if records[i]["regenerated_turns"] > 0)
-            stats["truncated"] += sum(1 for r in kept if r["truncated"])
-            _append(f, kept)
-            bar.update(len(chunk))
-            bar.set_postfix(tok_s=f"{stats['tokens'] / max(stats['generate_s'], 1e-9):.0f}")
-            if not progress:
-                print(json.dumps({"regenerate": min(start + batch_size, len(todo)), "of": len(todo),
-                                  "tokens": stats["tokens"], "generate_s": round(stats["generate_s"], 1),
-                                  "tok_s": round(stats["tokens"] / max(stats["generate_s"], 1e-9), 1),
-                                  "time": time.strftime("%Y-%m-%dT%H:%M:%S")}),
-                      file=sys.stderr, flush=True)
-    bar.close()
+        rest = []
+        for conv in todo:  # copied as they are: held-out conversations and ones with no answer
+            heldout = is_heldout(conv["id"], heldout_fraction)
+            if heldout or not _exchanges(conv["messages"])[1]:
+                _append(f, [{"id": conv["id"], "messages": conv["messages"], "regenerated_turns": 0,
+                             "truncated": False}])
+                stats["heldout_copied" if heldout else "no_answer_copied"] += 1
+            else:
+                rest.append(conv)
+        if rest:
+            _run(rest, generator, f, stats, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                 max_prompt_tokens=max_prompt_tokens, max_turns=max_turns, progress=progress, total=len(todo))
     stats["tokens_per_s"] = stats["tokens"] / max(stats["generate_s"], 1e-9)
     return stats
+
+
+def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens, max_prompt_tokens, max_turns,
+         progress, total) -> None:
+    """Regenerate on the slot engine (serve/slots.py: the server's continuous batching), one
+    conversation per slot at a time: its turns go in one after another, and a slot whose
+    conversation ends takes the next one. Records are appended as conversations finish."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    from eagle_jax.serve.engine import Delta, Sampling
+    from eagle_jax.serve.slots import SlotEngine
+
+    tok = generator.tokenizer
+    # Room for the longest prompt and answer, and for a prompt's last prefill chunk.
+    max_len = 64 * -(-(max_prompt_tokens + max_new_tokens + 64) // 64)
+    engine = SlotEngine(generator, slots=batch_size, max_len=max_len)
+    stats["warmup_s"] = round(engine.warmup_s, 1)
+    bar = tqdm(total=total, initial=total - len(conversations), desc="regenerate", unit="conv",
+               disable=not progress)
+
+    async def answer(ids: list[int]) -> tuple[str, str, int]:
+        """(text, finish reason, completion tokens) of one greedy answer."""
+        text = ""
+        async for event in engine.submit(ids, Sampling(max_tokens=max_new_tokens), stream=False).events():
+            if isinstance(event, Delta):
+                text += event.text
+            else:
+                return text, event.finish_reason, event.completion_tokens
+
+    async def converse(conv: dict) -> dict | None:
+        """The conversation with up to `max_turns` answers regenerated; None when its first prompt is too long."""
+        head, ex = _exchanges(conv["messages"])
+        rec = {"id": conv["id"], "messages": list(head), "regenerated_turns": 0, "truncated": False}
+        for turn in ex[:max_turns]:
+            ids = tok.apply_chat(rec["messages"] + turn, add_generation_prompt=True)
+            if len(ids) > max_prompt_tokens:
+                break
+            text, reason, n = await answer(ids)
+            rec["messages"] = rec["messages"] + turn + [{"role": "assistant", "content": text}]
+            rec["regenerated_turns"] += 1
+            stats["turns"] += 1
+            stats["tokens"] += n
+            if reason != "stop":  # cut off: later turns would answer a different text
+                rec["truncated"] = True
+                break
+        return rec if rec["regenerated_turns"] else None
+
+    async def drive() -> None:
+        todo = iter(conversations)
+        t0 = time.perf_counter()
+        finished = total - len(conversations)
+
+        async def slot_worker():
+            nonlocal finished
+            for conv in todo:  # one iterator shared by every worker
+                rec = await converse(conv)
+                if rec is None:
+                    stats["dropped_prompt_too_long"] += 1
+                else:
+                    _append(f, [rec])
+                    stats["conversations"] += 1
+                    stats["truncated"] += rec["truncated"]
+                stats["generate_s"] = time.perf_counter() - t0
+                finished += 1
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{stats['tokens'] / max(stats['generate_s'], 1e-9):.0f}")
+                if not progress and (finished % batch_size == 0 or finished == total):
+                    print(json.dumps({"regenerate": finished, "of": total, "tokens": stats["tokens"],
+                                      "generate_s": round(stats["generate_s"], 1),
+                                      "tok_s": round(stats["tokens"] / max(stats["generate_s"], 1e-9), 1),
+                                      "time": time.strftime("%Y-%m-%dT%H:%M:%S")}), file=sys.stderr, flush=True)
+
+        await asyncio.gather(*(slot_worker() for _ in range(batch_size)))
+
+    try:
+        asyncio.run(drive())
+    finally:
+        engine.close()
+        bar.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -173,7 +213,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct", help="target name, HF dir, .gguf or hub id")
     p.add_argument("--data", default="sharegpt", help="'sharegpt' or a JSONL of conversations")
     p.add_argument("--max-conversations", type=int, default=400, help="conversations read (0 = all)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="conversations regenerated at a time (engine slots)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-turns", type=int, default=1, help="assistant turns regenerated per conversation")
