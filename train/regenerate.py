@@ -10,7 +10,10 @@ learns most from the target's own responses (self-distillation). For each
 training conversation, assistant turn j is replaced by the target's greedy
 continuation of the conversation so far (earlier turns already regenerated),
 for up to `max_turns` exchanges; the conversation ends at the first turn that
-hit `max_new_tokens` or would overflow `max_prompt_tokens`. Held-out
+hit `max_new_tokens` or would overflow `max_prompt_tokens`. With
+`--later-turns`, the prompts are instead each later user turn on its own
+(`later_turns`: a conversation's turns after the first, which first-turn
+regeneration never reaches). Held-out
 conversations (train/data.py `is_heldout`) are copied unchanged: only their
 prompts are used, for evaluation, and keeping their ids keeps the split.
 
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["add_arguments", "main", "regenerate", "read_done"]
+__all__ = ["add_arguments", "main", "regenerate", "read_done", "later_turns"]
 
 
 def read_done(path: Path) -> set[str]:
@@ -82,6 +85,23 @@ def _exchanges(messages: Sequence[dict]) -> tuple[list[dict], list[list[dict]]]:
         else:
             cur.append(m)
     return head, ex
+
+
+def later_turns(conversations: Iterable[dict], heldout_fraction: float = 0.02) -> list[dict]:
+    """Each user turn after the first, as a one-exchange conversation of its own: the leading
+    system turns, that user turn and the answer it had, with id ``"<id>#u<j>"`` (j = 1, 2, ...
+    counts the exchanges). Held-out conversations give none: their prompts stay out of training."""
+    from eagle_jax.train.data import is_heldout
+
+    out = []
+    for conv in conversations:
+        if is_heldout(conv["id"], heldout_fraction):
+            continue
+        head, ex = _exchanges(conv["messages"])
+        answers = [m for m in conv["messages"] if m["role"] == "assistant"]
+        for j, (turn, answer) in enumerate(zip(ex[1:], answers[1:]), start=1):
+            out.append({"id": f"{conv['id']}#u{j}", "messages": head + turn + [answer]})
+    return out
 
 
 def regenerate(conversations: Sequence[dict], generator, out_path: str | os.PathLike, *,
@@ -217,6 +237,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-turns", type=int, default=1, help="assistant turns regenerated per conversation")
+    p.add_argument("--later-turns", action="store_true",
+                   help="prompts from each user turn after the first, alone (ids '<id>#u<j>'; none from "
+                        "held-out conversations), rather than from the conversations' first turns")
     p.add_argument("--heldout-fraction", type=float, default=0.02, help="must match the training config")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--skip-ids-from", default=None, metavar="PATHS",
@@ -232,6 +255,8 @@ def main(args) -> int:
 
     skip = read_ids(args.skip_ids_from) if args.skip_ids_from else set()
     convs = read_conversations(args.data, args.max_conversations or None)
+    if args.later_turns:
+        convs = later_turns(convs, args.heldout_fraction)
     gen = Generator.load(args.target, draft=None, dtype=args.dtype)
     stats = regenerate(convs, gen, args.output, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,

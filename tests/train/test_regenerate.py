@@ -10,7 +10,7 @@ import pytest
 from eagle_jax.generate import Generator
 from eagle_jax.train import data
 from eagle_jax.train.cli import read_conversations
-from eagle_jax.train.regenerate import read_done, regenerate
+from eagle_jax.train.regenerate import later_turns, read_done, regenerate
 
 torch = pytest.importorskip("torch")
 
@@ -100,3 +100,21 @@ def test_regenerate_matches_target_greedy_and_resumes(generator, smollm2_hf_mode
 def test_regenerate_rejects_bad_arguments(generator, tmp_path):
     with pytest.raises(ValueError, match="max_turns"):
         regenerate(CONVS, generator, tmp_path / "x.jsonl", max_turns=0)
+
+
+def test_later_turns_are_one_exchange_each_and_skip_held_out_conversations():
+    held = _heldout_conv()
+    held["messages"] += [{"role": "user", "content": "More?"}, {"role": "assistant", "content": "HELD 2"}]
+    long = {"id": "chat_0", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "A"}, {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "B1"}, {"role": "user", "content": "B2"}, {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "C"}, {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "D, never answered"}]}
+    out = later_turns([CONVS[1], held, long])
+    system = [{"role": "system", "content": "Be brief."}]
+    assert out == [
+        {"id": "chat_0#u1", "messages": system + [{"role": "user", "content": "B1"}, {"role": "user", "content": "B2"},
+                                                  {"role": "assistant", "content": "b"}]},
+        {"id": "chat_0#u2", "messages": system + [{"role": "user", "content": "C"},
+                                                  {"role": "assistant", "content": "c"}]}]
