@@ -178,8 +178,8 @@ class SlotEngine:
                 "engine": "slots", "slots": self.slots, "row_buckets": self.row_buckets, "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "prefill_chunk": self.prefill_chunk,
                 "prefill_budget": self.prefill_budget,
-                "adaptive": self._policy is not None, "disable_by_batch_size": self.draft_rows, "steps": {str(d): n for d, n in sorted(self.steps.items())},
-                "catch_ups": self.catch_ups}
+                "adaptive": self._policy is not None, "disable_by_batch_size": self.draft_rows,
+                "steps": {str(d): n for d, n in sorted(self.steps.items())}, "catch_ups": self.catch_ups}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)

@@ -25,7 +25,7 @@ import pytest
 from eagle_jax.config import ConfigError, TargetConfig
 from eagle_jax.generate import Generator
 from eagle_jax.models import target
-from eagle_jax.sharding import MeshShape, fused_layout
+from eagle_jax.sharding import MeshShape, fused_layout, make_mesh
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_on_mesh.py")
 HEAD_DIM = 8  # of run_on_mesh.py's target
@@ -126,3 +126,17 @@ def test_a_mesh_needs_its_devices_and_the_xla_path():
     assert len(jax.devices()) == 1
     g = Generator(cfg, params, mesh=MeshShape(1, 1))  # one device: the usual path
     assert g.mesh is None and isinstance(g.target_params["embed"], jax.Array)
+
+
+def test_a_mesh_that_leaves_out_a_process_is_refused(monkeypatch):
+    """Two processes of 4 devices each: a mesh of the first 4 would leave process 1 with no shard
+    of anything, and every process must run the same program on the same mesh."""
+    class Device:
+        platform = "cpu"
+
+        def __init__(self, i):
+            self.id, self.process_index = i, i // 4
+
+    monkeypatch.setattr(jax, "devices", lambda: [Device(i) for i in range(8)])
+    with pytest.raises(ConfigError, match=r"mesh 1x4 uses the first 4 of 8 devices, none of process 1's"):
+        make_mesh(MeshShape(1, 4))
