@@ -68,7 +68,7 @@ from eagle_jax.serve.engine import _FINISH, Delta, Done, EngineError, Request, S
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 
-__all__ = ["SlotEngine"]
+__all__ = ["SlotEngine", "fitting_max_len"]
 
 CATCH_UP_WIDTH = 16  # positions a lagging drafter catches up per call (one program per row bucket)
 
@@ -132,9 +132,7 @@ class SlotEngine:
         speculative = gen.speculates(1) if speculative is None else speculative and gen.speculative
         adaptive = adaptive and speculative
         self.draft_rows = limit if speculative else None  # steps over more running rows decode plainly
-        # Prefills (and an adaptive engine's plain steps) leave the drafter behind; it catches up,
-        # CATCH_UP_WIDTH positions a call, before the next drafting step.
-        lc = dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if speculative else 0)
+        lc = _row_config(gen, speculative)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
         self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - lc.cache_scratch))
         if self.lc.context_limit < 16:
@@ -184,9 +182,13 @@ class SlotEngine:
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)
         n = len(prompt_ids)
-        if n >= self.context_limit or -(-n // self.prefill_chunk) * self.prefill_chunk > self.max_len:
+        if n >= self.context_limit:
             raise ValueError(f"the prompt has {n} tokens; this engine's rows hold {self.context_limit}, "
                              f"leaving no room to generate")
+        if -(-n // self.prefill_chunk) * self.prefill_chunk > self.max_len:
+            raise ValueError(f"the prompt has {n} tokens; prefilled {self.prefill_chunk} a call it needs "
+                             f"{-(-n // self.prefill_chunk) * self.prefill_chunk} cache slots, over this engine's "
+                             f"max_len of {self.max_len}")
 
     def load(self) -> tuple[int, int]:
         with self._wake:
@@ -194,22 +196,22 @@ class SlotEngine:
 
     def submit(self, prompt_ids: list[int], sampling: Sampling, *, stream: bool) -> Request:
         """Queue a request (`stream` makes no difference here: every request streams its Deltas)."""
-        if self.closed:
-            raise EngineError("the server is shutting down")
         self.check(prompt_ids)
         _config(sampling)  # a bad setting fails here, not on the loop thread
         if sampling.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
         req = Request(list(prompt_ids), sampling)
-        with self._wake:
+        with self._wake:  # under the lock close() takes: nothing joins the queue after the last drain
+            if self.closed:
+                raise EngineError("the server is shutting down")
             self._waiting.append(req)
             self._wake.notify()
         return req
 
     def close(self) -> None:
         """Stop taking requests; what is queued or running ends with "abort"."""
-        self.closed = True
         with self._wake:
+            self.closed = True
             self._wake.notify()
         self._thread.join(timeout=60)
 
@@ -260,8 +262,8 @@ class SlotEngine:
                                  _put([f.prompt_len], np.int32), _put([max_new], np.int32), keys, _params(s),
                                  f.tcache, f.dcache, f.feats, lc=self.lc, out_width=self.width)
         self._state = loop.insert_jit(self._state, one, f.slot)
-        if self.lc.catch_up_width:
-            self._behind = max(self._behind, f.prompt_len)
+        if self.lc.catch_up_width:  # with no row running, only the newcomers' lag counts
+            self._behind = max(self._behind if self._rows else 0, f.prompt_len)
         return True
 
     def _bucket(self) -> int:
@@ -465,6 +467,21 @@ class SlotEngine:
             self._waiting.clear()
             self._running = 0
         return reqs
+
+
+def _row_config(gen, speculative: bool) -> loop.LoopConfig:
+    """The engine's loop config, before its rows' context limit: prefills (and plain steps)
+    leave its drafter behind, and it catches up CATCH_UP_WIDTH positions a call."""
+    return dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if speculative else 0)
+
+
+def fitting_max_len(gen, prompt_tokens: int, new_tokens: int, prefill_chunk: int = 64) -> int:
+    """The least `max_len` (a multiple of 64) whose rows take a prompt of `prompt_tokens`, then
+    `new_tokens` more, drafting or not: a step's cache scratch past them, and the prompt's
+    last prefill chunk in whole."""
+    scratch = _row_config(gen, gen.speculative).cache_scratch
+    need = max(prompt_tokens + new_tokens + scratch, -(-prompt_tokens // prefill_chunk) * prefill_chunk)
+    return 64 * -(-need // 64)
 
 
 def _depths(deepest: int) -> tuple[int, ...]:

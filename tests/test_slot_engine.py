@@ -22,7 +22,7 @@ from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.engine import Delta, EngineError, Sampling
 from eagle_jax.serve.server import add_arguments, make_server
-from eagle_jax.serve.slots import SlotEngine, _DraftPolicy
+from eagle_jax.serve.slots import SlotEngine, _DraftPolicy, fitting_max_len
 from eagle_jax.spec import loop
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
@@ -420,12 +420,41 @@ def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_targe
             return [await first, second]
 
         outs = asyncio.run(scenario())
+
+        async def together_then_alone():
+            pair = await asyncio.gather(*(_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=24), stream=True))
+                                          for p in PROMPTS[2:4]))
+            before = engine.catch_ups
+            alone = await _collect(engine.submit(_ids(gen, PROMPTS[4]), Sampling(max_tokens=4), stream=True))
+            return pair, engine.catch_ups - before, alone
+
+        pair, catch_ups, alone = asyncio.run(together_then_alone())
     finally:
         engine.close()
-    for p, m, (text, done) in zip(PROMPTS[:2], (32, 6), outs):
+    for p, m, (text, done) in zip(PROMPTS[:5], (32, 6, 24, 24, 4), outs + pair + [alone]):
         _check_alone(gen, p, m, text, done)
     assert any(n == 2 for n, _ in seen) and all(d == 0 for n, d in seen if n == 2)
     assert any(d == gen.spec.depth for n, d in seen if n == 1)
+    # The pair stepped plainly side by side to the end; the lone request after them catches its
+    # drafter up over its own prompt only, not over the pair's plain steps as well.
+    assert pair[0][1].spec.drafts == 0 and pair[1][1].spec.drafts == 0
+    assert catch_ups == -(-len(_ids(gen, PROMPTS[4])) // engine.lc.catch_up_width)
+
+
+def test_fitting_max_len_is_the_least_that_holds_prompt_and_answer(tree):
+    """The tree engine (max_len 256) holds exactly context_limit tokens a row: fitting_max_len
+    gives 256 for a prompt and answer of that length, and more for one token more."""
+    gen, engine = tree
+    prompt = 40
+    answer = engine.context_limit - prompt
+    assert fitting_max_len(gen, prompt, answer) == engine.max_len == 256
+    assert fitting_max_len(gen, prompt, answer + 1) == 320
+
+
+def test_fitting_max_len_holds_the_last_prefill_chunk_whole(plain):
+    gen, _ = plain
+    assert fitting_max_len(gen, 130, 1, prefill_chunk=64) == 192  # chunks up to 192 > 130 + 1 + 2
+    assert fitting_max_len(gen, 130, 1, prefill_chunk=128) == 256
 
 
 def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():

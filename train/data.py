@@ -283,13 +283,15 @@ def iter_sharegpt(
 # ---------------------------------------------------------------------------
 
 _CHUNK_SUFFIX = re.compile(r"_\d+$")
+_TURN_SUFFIX = re.compile(r"#u\d+$")
 
 
 def base_id(conv_id: str) -> str:
     """ShareGPT's split file cuts long conversations into chunks
-    ``<id>_0, <id>_1, ...``; the split keys on ``<id>`` so that all chunks of
+    ``<id>_0, <id>_1, ...``, and `regenerate --later-turns` names a later turn
+    ``<chunk id>#u<j>``; the split keys on ``<id>`` so that all chunks and turns of
     one original conversation land on the same side."""
-    return _CHUNK_SUFFIX.sub("", conv_id)
+    return _CHUNK_SUFFIX.sub("", _TURN_SUFFIX.sub("", conv_id))
 
 
 def _unit_hash(key: str, seed: int) -> float:

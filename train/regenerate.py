@@ -71,8 +71,10 @@ def _append(f, records: Iterable[dict]) -> None:
     os.fsync(f.fileno())
 
 
-def _exchanges(messages: Sequence[dict]) -> tuple[list[dict], list[list[dict]]]:
-    """Split into the leading system turns and the (user..., assistant) exchanges."""
+def _exchanges(messages: Sequence[dict]) -> tuple[list[dict], list[tuple[list[dict], dict]]]:
+    """Split into the leading system turns and the exchanges: (the turns before an
+    assistant turn, that assistant turn); an assistant turn with no turn before it
+    since the last answer, and turns after the last answer, belong to none."""
     head, rest = [], list(messages)
     while rest and rest[0]["role"] == "system":
         head.append(rest.pop(0))
@@ -80,7 +82,7 @@ def _exchanges(messages: Sequence[dict]) -> tuple[list[dict], list[list[dict]]]:
     for m in rest:
         if m["role"] == "assistant":
             if cur:
-                ex.append(cur)
+                ex.append((cur, m))
             cur = []
         else:
             cur.append(m)
@@ -98,8 +100,7 @@ def later_turns(conversations: Iterable[dict], heldout_fraction: float = 0.02) -
         if is_heldout(conv["id"], heldout_fraction):
             continue
         head, ex = _exchanges(conv["messages"])
-        answers = [m for m in conv["messages"] if m["role"] == "assistant"]
-        for j, (turn, answer) in enumerate(zip(ex[1:], answers[1:]), start=1):
+        for j, (turn, answer) in enumerate(ex[1:], start=1):
             out.append({"id": f"{conv['id']}#u{j}", "messages": head + turn + [answer]})
     return out
 
@@ -157,12 +158,11 @@ def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens
     from tqdm import tqdm
 
     from eagle_jax.serve.engine import Delta, Sampling
-    from eagle_jax.serve.slots import SlotEngine
+    from eagle_jax.serve.slots import SlotEngine, fitting_max_len
 
     tok = generator.tokenizer
-    # Room for the longest prompt and answer, and for a prompt's last prefill chunk.
-    max_len = 64 * -(-(max_prompt_tokens + max_new_tokens + 64) // 64)
-    engine = SlotEngine(generator, slots=batch_size, max_len=max_len)
+    engine = SlotEngine(generator, slots=batch_size,
+                        max_len=fitting_max_len(generator, max_prompt_tokens, max_new_tokens))
     stats["warmup_s"] = round(engine.warmup_s, 1)
     bar = tqdm(total=total, initial=total - len(conversations), desc="regenerate", unit="conv",
                disable=not progress)
@@ -180,7 +180,7 @@ def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens
         """The conversation with up to `max_turns` answers regenerated; None when its first prompt is too long."""
         head, ex = _exchanges(conv["messages"])
         rec = {"id": conv["id"], "messages": list(head), "regenerated_turns": 0, "truncated": False}
-        for turn in ex[:max_turns]:
+        for turn, _ in ex[:max_turns]:
             ids = tok.apply_chat(rec["messages"] + turn, add_generation_prompt=True)
             if len(ids) > max_prompt_tokens:
                 break

@@ -334,6 +334,9 @@ def test_split_keeps_chunks_together():
     bases = {data.base_id(c["id"]) for c in held}
     assert len(held) == 3 * len(bases) > 0
     assert data.base_id("QWJhYvA_12") == "QWJhYvA"
+    # regenerate --later-turns ids: a later turn sits on its conversation's side of the split
+    assert data.base_id("QWJhYvA_12#u3") == "QWJhYvA"
+    assert all(data.is_heldout(f"{c['id']}#u2", 0.1) == data.is_heldout(c["id"], 0.1) for c in convs)
 
 
 def test_split_on_real_ids(sharegpt_file):

@@ -110,6 +110,7 @@ def test_later_turns_are_one_exchange_each_and_skip_held_out_conversations():
         {"role": "user", "content": "A"}, {"role": "assistant", "content": "a"},
         {"role": "user", "content": "B1"}, {"role": "user", "content": "B2"}, {"role": "assistant", "content": "b"},
         {"role": "user", "content": "C"}, {"role": "assistant", "content": "c"},
+        {"role": "assistant", "content": "an answer to nothing"},
         {"role": "user", "content": "D, never answered"}]}
     out = later_turns([CONVS[1], held, long])
     system = [{"role": "system", "content": "Be brief."}]
