@@ -35,6 +35,8 @@ from typing import AsyncIterator
 
 import numpy as np
 
+from eagle_jax.generate import _first_stop, _tokens_for_prefix
+
 __all__ = ["Sampling", "Delta", "Done", "SpecCounts", "Request", "EngineError"]
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -133,11 +135,6 @@ def _spec_counts(stats, row: int) -> SpecCounts | None:
                       per_position=[int(x) for x in np.asarray(stats.per_position)[row]])
 
 
-def _first_stop(text: str, stop) -> int | None:
-    hits = [text.find(s) for s in stop if s and s in text]
-    return min(hits) if hits else None
-
-
 class _StreamText:
     """Incremental detokenizing of one row: new text, holding back what could
     still start a stop string or is a partial UTF-8 character; cut at a stop."""
@@ -155,7 +152,7 @@ class _StreamText:
         cut = _first_stop(text, self.stop)
         if cut is not None:
             text, self.stopped = text[:cut], True
-            toks = self._covering(toks, text)
+            toks = _tokens_for_prefix(self.tok, toks, text)
         elif not final and self.holdback:
             text = text[:max(len(text) - self.holdback, len(self.shown))]
         if text.endswith("\ufffd") and not (final or self.stopped):
@@ -163,10 +160,3 @@ class _StreamText:
         piece, before = text[len(self.shown):], self.tokens
         self.shown, self.tokens = text, len(toks)
         return piece, self.tokens - before
-
-    def _covering(self, toks: list[int], prefix: str) -> list[int]:
-        """The shortest token prefix whose text covers `prefix`."""
-        for i in range(len(toks) + 1):
-            if len(self.tok.decode(toks[:i], skip_special_tokens=True)) >= len(prefix):
-                return toks[:i]
-        return toks
