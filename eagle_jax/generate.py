@@ -30,6 +30,7 @@ from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, MeshShape, make_mesh, 
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
+from eagle_jax.stops import StreamText, cut_at_stop
 
 
 class PromptError(ValueError):
@@ -263,24 +264,17 @@ class Generator:
         """The pieces of :meth:`stream`; returns the finish reason."""
         dparams, vocab = self._drafter_for(lc)
         state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
-        shown = ""
-        # Text that could still turn out to start a stop string is held back.
-        holdback = max((len(s) for s in stop if s), default=1) - 1
+        text = StreamText(self.tokenizer, stop)
         while True:
             out, gen, done = to_host((state.out, state.num_generated, state.done))
             toks = out[0, :gen[0]].tolist()
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
-            cut = _first_stop(text, stop)
-            final = cut is not None or bool(done[0])
-            if cut is not None:
-                text = text[:cut]
-            elif not final and holdback:
-                text = text[:max(len(text) - holdback, len(shown))]
-            if len(text) > len(shown) and not text.endswith("\ufffd"):
-                yield text[len(shown):]
-                shown = text
-            if final:
-                return "stop" if cut is not None else self._finish_reason(len(prompt_ids), toks)
+            piece, _ = text.advance(toks, final=bool(done[0]))
+            if piece:
+                yield piece
+            if text.stopped:
+                return "stop"
+            if done[0]:
+                return self._finish_reason(len(prompt_ids), toks)
             state = loop.step_jit(self.target_params, dparams, vocab, state, lc=lc)
 
     def _finish_reason(self, prompt_len: int, toks: list[int]) -> str:
@@ -300,11 +294,8 @@ class Generator:
             reason = self._finish_reason(len(prompt), toks)
             text = ""
             if self.tokenizer is not None:
-                text = self.tokenizer.decode(toks, skip_special_tokens=True)
-                cut = _first_stop(text, stops[r])
-                if cut is not None:
-                    toks = _tokens_for_prefix(self.tokenizer, toks, text[:cut])
-                    text, reason = text[:cut], "stop"
+                toks, text, stopped = cut_at_stop(self.tokenizer, toks, stops[r])
+                reason = "stop" if stopped else reason
             token_ids.append(toks)
             texts.append(text)
             reasons.append(reason)
@@ -392,16 +383,3 @@ def _row_stops(stop, b: int) -> list[list[str]]:
     if not all(isinstance(x, str) for row in rows for x in row):
         raise PromptError(f"stop must be strings, or one list of strings per prompt, got {stop!r}")
     return rows
-
-
-def _first_stop(text: str, stop: Sequence[str]) -> int | None:
-    hits = [text.find(s) for s in stop if s and s in text]
-    return min(hits) if hits else None
-
-
-def _tokens_for_prefix(tokenizer, toks: list[int], prefix: str) -> list[int]:
-    """The shortest token prefix whose text covers `prefix`."""
-    for i in range(len(toks) + 1):
-        if len(tokenizer.decode(toks[:i], skip_special_tokens=True)) >= len(prefix):
-            return toks[:i]
-    return toks

@@ -21,8 +21,9 @@ text past a stop string), and so are token counts (`Delta.tokens`,
 
 serve/slots.py's `SlotEngine` implements it (continuous batching over row
 slots); the helpers below that turn a row's tokens into its events
-(`_StreamText`, `_spec_counts`, `_FINISH`) are shared with anything that
-implements it.
+(`_spec_counts`, `_FINISH`) are shared with anything that implements it, and
+so is `eagle_jax.stops.StreamText`, the incremental text that
+`Generator.stream` shows too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from typing import AsyncIterator
 
 import numpy as np
 
-from eagle_jax.generate import _first_stop, _tokens_for_prefix
 
 __all__ = ["Sampling", "Delta", "Done", "SpecCounts", "Request", "EngineError"]
 
@@ -133,30 +133,3 @@ def _spec_counts(stats, row: int) -> SpecCounts | None:
     return SpecCounts(drafts=int(np.asarray(stats.steps)[row]), draft_tokens=int(np.asarray(stats.drafted)[row]),
                       accepted=int(np.asarray(stats.accepted)[row]),
                       per_position=[int(x) for x in np.asarray(stats.per_position)[row]])
-
-
-class _StreamText:
-    """Incremental detokenizing of one row: new text, holding back what could
-    still start a stop string or is a partial UTF-8 character; cut at a stop."""
-
-    def __init__(self, tokenizer, stop):
-        self.tok, self.stop = tokenizer, [s for s in stop if s]
-        self.holdback = max((len(s) for s in self.stop), default=1) - 1
-        self.shown = ""
-        self.tokens = 0  # tokens behind the text shown
-        self.stopped = False
-
-    def advance(self, toks: list[int], final: bool) -> tuple[str, int]:
-        """(new text, tokens behind it) once `toks` are generated."""
-        text = self.tok.decode(toks, skip_special_tokens=True)
-        cut = _first_stop(text, self.stop)
-        if cut is not None:
-            text, self.stopped = text[:cut], True
-            toks = _tokens_for_prefix(self.tok, toks, text)
-        elif not final and self.holdback:
-            text = text[:max(len(text) - self.holdback, len(self.shown))]
-        if text.endswith("\ufffd") and not (final or self.stopped):
-            return "", 0
-        piece, before = text[len(self.shown):], self.tokens
-        self.shown, self.tokens = text, len(toks)
-        return piece, self.tokens - before

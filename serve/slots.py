@@ -44,7 +44,9 @@ vLLM and SGLang lower speculation under load. Prefills and plain steps do
 no drafter work: they keep the target's features (`LoopConfig.catch_up_width`),
 and the drafter catches up over them (`loop.catch_up`, 16 positions a call)
 before the next drafting step, so under load, where plain steps win for
-good, speculation costs nothing. `adaptive=False` drafts at depth D at every step
+good, speculation costs nothing. While prompts are being prefilled, a step
+whose drafter lags is plain: the rows about to join would leave it behind
+again, so it catches up once, over all of them, at the row bucket they make. `adaptive=False` drafts at depth D at every step
 (its drafter too catches up over each prompt before the step that drafts first).
 
 Not yet here (issue 18, item 1): a draft depth per row (the depth is chosen
@@ -64,9 +66,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import SamplingConfig
-from eagle_jax.serve.engine import _FINISH, Delta, Done, EngineError, Request, Sampling, _spec_counts, _StreamText
+from eagle_jax.serve.engine import _FINISH, Delta, Done, EngineError, Request, Sampling, _spec_counts
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
+from eagle_jax.stops import StreamText
 
 __all__ = ["SlotEngine", "fitting_max_len"]
 
@@ -104,7 +107,7 @@ class _Row:
     req: Request
     slot: int
     prompt_len: int
-    text: _StreamText
+    text: StreamText
     admitted: float
     ttft_s: float | None = None
     toks: list = dataclasses.field(default_factory=list)
@@ -300,26 +303,30 @@ class SlotEngine:
             mask[slots] = True
             self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
 
-    def _warm_up(self, depths: tuple[int, ...]) -> dict:
+    def _warm_up(self, depths: tuple[int, ...], rounds: int = 4) -> dict:
         """Compile and run once: a prefill (a chunk, first token and insert), the step of
-        each row bucket and draft depth (with several depths, each then timed: the least of
-        three runs, as the first runs after a compile are slow), the catch-up of each row bucket
-        (timed so too with several depths), the read and the finish. Returns
+        each row bucket and draft depth, the catch-up of each row bucket, the read and the
+        finish. With several depths, each step and catch-up is then timed: the least of
+        `rounds` runs, taken in turn (every program once a round), so that a burst of other
+        work on the machine slows one run of each, not all runs of one. Returns
         {(rows, depth or "catch_up"): seconds} (empty with one depth); leaves every slot free."""
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
         fill = self._fill(0, [0] * min(self.prefill_chunk, self.context_limit - 1), warm)  # one program: any start
         while not self._prefill_chunk(fill):
             pass
-        costs = {}
+        runs = {}
         for rows in self.row_buckets:
             for depth in depths:
-                self._step(rows, depth)
-                if len(depths) > 1:
-                    costs[rows, depth] = min(self._step(rows, depth) for _ in range(3))
-            if self.lc.catch_up_width:  # compiled at the first call
-                catch_up = min(self._catch_up(rows) for _ in range(3))
-                if len(depths) > 1:
-                    costs[rows, "catch_up"] = catch_up
+                runs[rows, depth] = partial(self._step, rows, depth)
+            if self.lc.catch_up_width:
+                runs[rows, "catch_up"] = partial(self._catch_up, rows)
+        for run in runs.values():  # the first call compiles
+            run()
+        costs = {}
+        if len(depths) > 1:
+            for _ in range(rounds):
+                for key, run in runs.items():
+                    costs[key] = min(costs.get(key, float("inf")), run())
         self._observe()  # no rows: only the read
         self._finish([0])
         self._state = self._empty()
@@ -363,6 +370,8 @@ class SlotEngine:
             rows = self._bucket()
             if self.draft_rows is not None and len(self._rows) > self.draft_rows:
                 depth = 0
+            elif self._policy and self._filling and self._catch_up_calls():
+                depth = 0  # rows are joining: catch up once for all of them, at the bucket they make
             elif self._policy:
                 depth = self._policy.choose(rows, self._catch_up_calls(), self._horizon())
             else:
@@ -393,7 +402,7 @@ class SlotEngine:
             taken = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
             self._running += len(taken)
         for slot, req in zip(free, taken):
-            row = _Row(req, slot, len(req.prompt_ids), _StreamText(self.tokenizer, req.sampling.stop),
+            row = _Row(req, slot, len(req.prompt_ids), StreamText(self.tokenizer, req.sampling.stop),
                        time.monotonic())
             row.fill = self._fill(slot, req.prompt_ids, req.sampling)
             self._filling[slot] = row
@@ -492,25 +501,36 @@ def _depths(deepest: int) -> tuple[int, ...]:
 class _DraftPolicy:
     """The draft depth of each step (0: plain), by expected seconds per token.
 
-    A step at depth d over a row bucket takes `cost[rows, d]` seconds (running
-    means, seeded by the warm-up's timings) and emits 1 + accept[0] + ... +
-    accept[d-1] tokens a row, where accept[i] is the share of rows that
-    accepted more than i drafts at the steps that drafted past position i (a
-    chain cut to d tokens accepts min(accepted, d)), with Laplace's prior
-    ((hits + 1) / (trials + 2): one row a step at concurrency 1 is a noisy
-    sample) over counts that decay by `decay` a step, so they follow the rows
-    running now. A drafting step first pays for the catch-up calls that bring
-    the drafter level after new prompts or plain steps (`cost[rows, "catch_up"]`
-    each); drafting goes on once started, so that cost is spread over the
-    tokens the rows have left (`horizon`). While a shallower depth wins, a
-    deepest step measures every position again after `probe` of them, then
-    after twice as many each time (up to 8x), unless it could not win even if
-    every draft were accepted.
+    A step at depth d over a row bucket takes `load * base[rows, d]` seconds:
+    `base` holds the warm-up's timings, and `load` is one running mean, over
+    every step, of its measured seconds over its warm-up seconds. Whatever
+    else runs on the machine slows every depth alike, so it moves `load`, not
+    the ranking of the depths. (A running mean per depth let a busy spell of
+    plain steps make the untried drafting depths look cheap; the engine then
+    switched back and forth, paying catch-ups at each switch: 0.92x plain at
+    concurrency 4 on two cores, where drafting at 4 rows breaks even at best.)
+    A step at depth d emits 1 + accept[0] + ... + accept[d-1] tokens a row,
+    where accept[i] is the share of rows that accepted more than i drafts at
+    the steps that drafted past position i (a chain cut to d tokens accepts
+    min(accepted, d)), with Laplace's prior ((hits + 1) / (trials + 2): one
+    row a step at concurrency 1 is a noisy sample) over counts that decay by
+    `decay` every step, plain ones included: they follow the rows running now,
+    and a long plain spell (after rows that accepted little) drifts back to
+    the prior, so drafting is tried again for the rows that came since. A drafting step first
+    pays for the catch-up calls that bring the drafter level after new prompts
+    or plain steps (`base[rows, "catch_up"]` each); drafting goes on once
+    started, so that cost is spread over the tokens the rows have left
+    (`horizon`). While a shallower depth wins, a deepest step measures every
+    position again after `probe` of them, then after twice as many each time
+    (up to 8x), unless it would lose even if every draft were accepted and its
+    catch-up were paid by its own tokens (on two AVX2 cores, at concurrency 4,
+    probes that paid about 10 catch-up calls each ran 0.92-0.93x plain).
     """
 
     def __init__(self, costs: dict[tuple[int, int | str], float], deepest: int, probe: int = 16,
                  keep: float = 0.8, decay: float = 0.95):
-        self.cost = dict(costs)
+        self.base = dict(costs)
+        self.load = 1.0
         self.depths = sorted({d for _, d in costs if d != "catch_up"})
         self.deepest, self.probe, self.keep, self.decay = deepest, probe, keep, decay
         self._hits, self._trials = [0.0] * deepest, [0.0] * deepest
@@ -524,11 +544,16 @@ class _DraftPolicy:
         """Expected tokens a row from a step at `depth`."""
         return 1.0 + sum(self.accept[:depth])
 
+    def seconds(self, rows: int, depth: int | str) -> float:
+        """Expected seconds of a step (or a catch-up call) over `rows` rows, at the present load."""
+        return self.load * self.base[rows, depth]
+
     def seconds_per_token(self, rows: int, depth: int, catch_up_calls: int = 0, horizon: float = 1.0,
                           tokens: float | None = None) -> float:
         """A row's expected seconds per token at `depth` (tokens: as if each step emitted that many)."""
-        per_step = self.cost[rows, depth] / (self.tokens(depth) if tokens is None else tokens)
-        return per_step + (catch_up_calls * self.cost[rows, "catch_up"] / horizon if depth and catch_up_calls else 0.0)
+        per_step = self.seconds(rows, depth) / (self.tokens(depth) if tokens is None else tokens)
+        return per_step + (catch_up_calls * self.seconds(rows, "catch_up") / horizon
+                           if depth and catch_up_calls else 0.0)
 
     def choose(self, rows: int, catch_up_calls: int = 0, horizon: float = 1.0) -> int:
         """The depth of the next step over `rows` rows, whose drafter is `catch_up_calls` behind
@@ -539,19 +564,22 @@ class _DraftPolicy:
             self._shallow_run, self._wait = 0, self.probe
             return best
         self._shallow_run += 1
-        # No probe where even accepting every draft would not beat `best` (many rows: plain for good).
-        if self._shallow_run < self._wait or cost(self.deepest, tokens=self.deepest + 1) > cost(best):
+        # No probe where it would lose even if every draft were accepted, with its catch-up charged to
+        # its own tokens (a probe is one step: more rows than drafting pays for stay plain for good).
+        full = self.deepest + 1
+        if self._shallow_run < self._wait or cost(self.deepest, horizon=full, tokens=full) > cost(best):
             return best
         self._shallow_run, self._wait = 0, min(2 * self._wait, 8 * self.probe)
         return self.deepest
 
     def observe(self, rows: int, depth: int, seconds: float, counts: list[int]) -> None:
         """A step at `depth` took `seconds`; `counts`: new tokens of each row that emitted any."""
-        self.cost[rows, depth] = self.keep * self.cost[rows, depth] + (1 - self.keep) * seconds
-        if depth and counts:
-            for i in range(depth):
-                self._hits[i] = self.decay * self._hits[i] + sum(c - 1 > i for c in counts)
-                self._trials[i] = self.decay * self._trials[i] + len(counts)
+        self.load = self.keep * self.load + (1 - self.keep) * seconds / self.base[rows, depth]
+        self._hits = [self.decay * h for h in self._hits]
+        self._trials = [self.decay * t for t in self._trials]
+        for i in range(depth if counts else 0):
+            self._hits[i] += sum(c - 1 > i for c in counts)
+            self._trials[i] += len(counts)
 
 
 def _params(s: Sampling) -> SamplingParams:

@@ -468,13 +468,40 @@ def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
     assert policy.choose(1) == 1
     slow = _DraftPolicy({(16, 0): 0.060, (16, 2): 0.200}, deepest=2, probe=4)  # 3 / 200 ms < 1 / 60 ms
     assert [slow.choose(16) for _ in range(12)] == [0] * 12  # no probe can pay: none is made
-    policy.observe(4, 0, 0.200, [1, 1])  # plain steps turn slow: the running mean moves towards it
-    assert policy.cost[4, 0] == pytest.approx(0.8 * 0.030 + 0.2 * 0.200)
-    assert policy.accept == pytest.approx([4 / 6, 2 / 6])  # plain steps say nothing of acceptance
+    policy.observe(4, 0, 0.200, [1, 1])  # a plain step runs slow (the machine is busy): every depth slows
+    assert policy.load == pytest.approx(0.8 * (0.8 + 0.2 * 0.090 / 0.085) + 0.2 * 0.200 / 0.030)
+    assert policy.seconds(4, 2) / policy.seconds(4, 0) == pytest.approx(0.085 / 0.030)
+    assert policy.accept == pytest.approx([(3 * .95 + 1) / (4 * .95 + 2), (.95 + 1) / (4 * .95 + 2)])  # it ages
+    assert [policy.choose(4) for _ in range(8)] == [0] * 8  # so drafting does not look cheaper than it did
     for _ in range(10):
-        policy.observe(4, 2, 0.060, [3, 3, 3, 3])  # the rows now accept every draft, and the step is cheaper
+        policy.observe(4, 2, 0.060, [3, 3, 3, 3])  # the rows now accept every draft
     assert policy.choose(4) == 2
     assert policy.accept[1] > 0.85
+
+
+def test_draft_policy_probes_only_where_a_probe_with_its_catch_up_could_win():
+    costs = {(4, 0): 0.044, (4, 1): 0.072, (4, 3): 0.122, (4, "catch_up"): 0.0125}
+    policy = _DraftPolicy(costs, deepest=3, probe=2)
+    for _ in range(10):
+        policy.observe(4, 1, 0.072, [2, 1, 1, 2])  # half the first drafts accepted: plain wins
+    # 4 tokens a row for 122 ms + 10 catch-up calls (4 new prompts) lose to 44 ms a token: no probe
+    assert [policy.choose(4, catch_up_calls=10, horizon=64) for _ in range(8)] == [0] * 8
+    # 1 call behind (16 plain steps since the last draft): the probe could win, so it is made
+    assert 3 in [policy.choose(4, catch_up_calls=1, horizon=64) for _ in range(8)]
+
+
+def test_draft_policy_tries_drafting_again_after_a_plain_spell():
+    """Rows that accepted nothing make one row plain; the counts age over the plain steps that
+    follow, back towards the prior, until drafting wins again (new rows may accept more)."""
+    policy = _DraftPolicy({(1, 0): 0.020, (1, 1): 0.026}, deepest=1, probe=1000)
+    for _ in range(20):
+        policy.observe(1, 1, 0.026, [1])  # no draft accepted: 1 token / 26 ms
+    assert policy.choose(1) == 0
+    plain = 0
+    while policy.choose(1) == 0:
+        policy.observe(1, 0, 0.020, [1])
+        plain += 1
+    assert 5 < plain < 60 and policy.accept[0] > 0.3  # 1.3 tokens / 26 ms beat 1 / 20 ms
 
 
 def test_draft_policy_spreads_a_catch_up_over_the_tokens_left():
