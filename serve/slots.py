@@ -46,8 +46,9 @@ and the drafter catches up over them (`loop.catch_up`, 16 positions a call)
 before the next drafting step, so under load, where plain steps win for
 good, speculation costs nothing. While prompts are being prefilled, a step
 whose drafter lags is plain: the rows about to join would leave it behind
-again, so it catches up once, over all of them, at the row bucket they make. `adaptive=False` drafts at depth D at every step
-(its drafter too catches up over each prompt before the step that drafts first).
+again, so it catches up once, over all of them, at the row bucket they
+make. `adaptive=False` drafts at depth D at every step (its drafter too
+catches up over each prompt before the step that drafts first).
 
 Not yet here (issue 18, item 1): a draft depth per row (the depth is chosen
 for the whole step), and `Generator.generate` on this engine.
@@ -516,11 +517,11 @@ class _DraftPolicy:
     row a step at concurrency 1 is a noisy sample) over counts that decay by
     `decay` every step, plain ones included: they follow the rows running now,
     and a long plain spell (after rows that accepted little) drifts back to
-    the prior, so drafting is tried again for the rows that came since. A drafting step first
-    pays for the catch-up calls that bring the drafter level after new prompts
-    or plain steps (`base[rows, "catch_up"]` each); drafting goes on once
-    started, so that cost is spread over the tokens the rows have left
-    (`horizon`). While a shallower depth wins, a deepest step measures every
+    the prior, so drafting is tried again for the rows that came since. A
+    drafting step first pays for the catch-up calls that bring the drafter
+    level after new prompts or plain steps (`base[rows, "catch_up"]` each);
+    drafting goes on once started, so that cost is spread over the tokens the
+    rows have left (`horizon`). While a shallower depth wins, a deepest step measures every
     position again after `probe` of them, then after twice as many each time
     (up to 8x), unless it would lose even if every draft were accepted and its
     catch-up were paid by its own tokens (on two AVX2 cores, at concurrency 4,
