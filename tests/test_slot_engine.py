@@ -393,6 +393,48 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
         assert done.spec.drafts < done.spec.draft_tokens < done.spec.drafts * gen.spec.depth
 
 
+class _Deepest(_Cycle):
+    """A draft policy that always drafts at the deepest depth, counting its calls."""
+
+    def choose(self, rows, catch_up_calls, horizon):
+        self.n += 1
+        return self.order[0]
+
+
+def test_no_drafting_starts_while_a_prompt_is_joining(adaptive, monkeypatch):
+    """Two requests at once: the first runs while the second's long prompt goes in a chunk a step.
+    Its drafter lags (its own prompt), so those steps are plain, with no catch-up and no policy call;
+    once both run, the drafter catches up over both together and drafts; answers equal each alone."""
+    gen, engine = adaptive
+    policy = _Deepest(gen.spec.depth)
+    monkeypatch.setattr(engine, "_policy", policy)
+    monkeypatch.setattr(engine, "prefill_budget", CHUNK)  # one chunk of the newcomer between two steps
+    seen, step = [], loop.step_rows_jit
+
+    def spy(*args, **kwargs):
+        seen.append((bool(engine._filling), kwargs["depth"], engine.catch_ups, policy.n))
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "step_rows_jit", spy)
+    long = " ".join(PROMPTS) + " " + " ".join(reversed(PROMPTS))
+    assert len(_ids(gen, long)) > 3 * CHUNK
+
+    async def both():
+        return await asyncio.gather(_collect(engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_tokens=16),
+                                                           stream=True)),
+                                    _collect(engine.submit(_ids(gen, long), Sampling(max_tokens=8), stream=True)))
+
+    before = engine.catch_ups
+    outs = asyncio.run(both())
+    for p, m, (text, done) in zip([PROMPTS[0], long], (16, 8), outs):
+        _check_alone(gen, p, m, text, done)
+    joining = [s for s in seen if s[0]]
+    assert len(joining) >= 3 and all(d == 0 for _, d, _, _ in joining)
+    assert all(c == before and n == 0 for _, _, c, n in joining)  # no catch-up, no policy call
+    assert any(d == gen.spec.depth for f, d, _, _ in seen if not f)
+    assert outs[0][1].spec.accepted + outs[1][1].spec.accepted > 0
+
+
 def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_target, monkeypatch):
     """By default the generator's disable_by_batch_size caps, step by step, the running rows that
     speculate (vLLM's rule): a lone request drafts, two together step plainly, and the answers stay
