@@ -21,7 +21,8 @@ def cut_at_stop(tokenizer, toks: list[int], stop: Sequence[str]) -> tuple[list[i
     if not hits:
         return toks, text, False
     text = text[:min(hits)]
-    n = next(i for i in range(len(toks) + 1) if len(tokenizer.decode(toks[:i], skip_special_tokens=True)) >= len(text))
+    n = next(i for i in range(len(toks) + 1)
+             if len(tokenizer.decode(toks[:i], skip_special_tokens=True)) >= len(text))
     return toks[:n], text, True
 
 

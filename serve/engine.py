@@ -36,7 +36,6 @@ from typing import AsyncIterator
 
 import numpy as np
 
-
 __all__ = ["Sampling", "Delta", "Done", "SpecCounts", "Request", "EngineError"]
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}

@@ -521,9 +521,9 @@ class _DraftPolicy:
     drafting step first pays for the catch-up calls that bring the drafter
     level after new prompts or plain steps (`base[rows, "catch_up"]` each);
     drafting goes on once started, so that cost is spread over the tokens the
-    rows have left (`horizon`). While a shallower depth wins, a deepest step measures every
-    position again after `probe` of them, then after twice as many each time
-    (up to 8x), unless it would lose even if every draft were accepted and its
+    rows have left (`horizon`). While a shallower depth wins, a deepest step
+    measures every position again after `probe` of them, then after twice as
+    many each time (up to 8x), unless it would lose even if every draft were accepted and its
     catch-up were paid by its own tokens (on two AVX2 cores, at concurrency 4,
     probes that paid about 10 catch-up calls each ran 0.92-0.93x plain).
     """
