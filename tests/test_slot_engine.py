@@ -420,9 +420,10 @@ def test_no_drafting_starts_while_a_prompt_is_joining(adaptive, monkeypatch):
     assert len(_ids(gen, long)) > 3 * CHUNK
 
     async def both():
-        return await asyncio.gather(_collect(engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_tokens=16),
-                                                           stream=True)),
-                                    _collect(engine.submit(_ids(gen, long), Sampling(max_tokens=8), stream=True)))
+        with engine._wake:  # both queued before the loop thread admits either: they arrive together
+            reqs = [engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_tokens=16), stream=True),
+                    engine.submit(_ids(gen, long), Sampling(max_tokens=8), stream=True)]
+        return await asyncio.gather(*map(_collect, reqs))
 
     before = engine.catch_ups
     outs = asyncio.run(both())
