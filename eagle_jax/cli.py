@@ -58,8 +58,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-total-tokens", type=int, default=SpecConfig.tree_total_tokens)
     p.add_argument("--mesh", default=None,
                    help="DATAxMODEL (e.g. 1x8): shard over the first DATA*MODEL devices by eagle_jax/sharding.py's "
-                        "rules, decoding through XLA (on CPU, simulate devices with XLA_FLAGS="
-                        "--xla_force_host_platform_device_count=N)")
+                        "rules, decoding through XLA, the Pallas kernels on each device's block (on CPU, simulate "
+                        "devices with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     add_disable_by_batch_size(p)
     add_aux_semantics_argument(p)
 

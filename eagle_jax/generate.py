@@ -13,6 +13,7 @@ Prompts are strings (chat-templated unless `chat=False`) or token-id lists.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import ConfigError, DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.kernels import resolve_impl
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
@@ -77,11 +79,14 @@ class Generator:
                  mesh: MeshShape | None = None):
         self.mesh = None
         if mesh is not None and mesh.devices > 1:
-            # Sharded through XLA's partitioner: the native CPU and Pallas kernels run on one device.
-            if impl not in ("auto", "xla"):
-                raise ConfigError(f"impl {impl!r} runs on one device; a {mesh.data}x{mesh.model} mesh decodes "
-                                  f"through XLA (impl 'auto' or 'xla')")
-            impl, self.mesh = "xla", make_mesh(mesh)
+            # XLA's partitioner places the work; the Pallas kernels run on each device's block (under
+            # the mesh context the loops are called in, `_on_mesh`). The native CPU kernels take whole
+            # packed weights, so "auto" resolving to them decodes through XLA on a mesh.
+            if resolve_impl("xla" if impl == "auto" else impl) == "native":
+                raise ConfigError(f"impl 'native' runs on one device; a {mesh.data}x{mesh.model} mesh decodes "
+                                  f"through XLA or Pallas (impl 'auto', 'xla', 'pallas' or 'interpret')")
+            impl = "xla" if resolve_impl(impl) == "native" else impl
+            self.mesh = make_mesh(mesh)
         # Per-layer weight buffers (an unrolled layer loop) by default on CPU,
         # where scanning over stacked weights copies them every step; packed
         # projections when the native CPU kernels run.
@@ -123,8 +128,9 @@ class Generator:
         enable_compilation_cache()
         dtype = dtype or default_dtype()
         mesh = kwargs.get("mesh")
-        t = load_target(target, dtype=dtype, mesh=make_mesh(mesh) if mesh is not None and mesh.devices > 1 else None)
-        d = load_drafter_by_name(draft, t.cfg, target, dtype=dtype)
+        mesh = make_mesh(mesh) if mesh is not None and mesh.devices > 1 else None
+        t = load_target(target, dtype=dtype, mesh=mesh)
+        d = load_drafter_by_name(draft, t.cfg, target, dtype=dtype, mesh=mesh)
         return cls(t.cfg, t.params, t.tokenizer, drafter=d, spec=spec, **kwargs)
 
     @property
@@ -234,10 +240,11 @@ class Generator:
                                                      seed, chat, stop)
         t0 = time.perf_counter()
         dparams, vocab = self._drafter_for(lc)
-        state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
-        jax.block_until_ready(state.pending)
-        ttft = time.perf_counter() - t0
-        state = loop.run_jit(self.target_params, dparams, vocab, state, lc=lc)
+        with self.mesh_scope():
+            state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
+            jax.block_until_ready(state.pending)
+            ttft = time.perf_counter() - t0
+            state = loop.run_jit(self.target_params, dparams, vocab, state, lc=lc)
         out, gen, stats = to_host((state.out, state.num_generated, state.stats if lc.speculative else None))
         wall = time.perf_counter() - t0
         return self._result(ids, lc, out, gen, stats, ttft, wall, stops)
@@ -256,6 +263,11 @@ class Generator:
                                                      seed, chat, stop)
         return TextStream(self._stream_pieces(ids[0], lc, args, static, stops[0]))
 
+    def mesh_scope(self):
+        """The context its loops are called in: its mesh, if it has one (`jax.set_mesh`; the
+        Pallas kernels read it to run on each device's block)."""
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
     def _drafter_for(self, lc: loop.LoopConfig):
         """(drafter params, draft vocab) for a loop, None for both when it decodes plainly."""
         return (self.drafter_params, self.vocab) if lc.speculative else (None, None)
@@ -263,7 +275,8 @@ class Generator:
     def _stream_pieces(self, prompt_ids, lc, args, static, stop) -> Iterator[str]:
         """The pieces of :meth:`stream`; returns the finish reason."""
         dparams, vocab = self._drafter_for(lc)
-        state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
+        with self.mesh_scope():
+            state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
         text = StreamText(self.tokenizer, stop)
         while True:
             out, gen, done = to_host((state.out, state.num_generated, state.done))
@@ -275,7 +288,8 @@ class Generator:
                 return "stop"
             if done[0]:
                 return self._finish_reason(len(prompt_ids), toks)
-            state = loop.step_jit(self.target_params, dparams, vocab, state, lc=lc)
+            with self.mesh_scope():
+                state = loop.step_jit(self.target_params, dparams, vocab, state, lc=lc)
 
     def _finish_reason(self, prompt_len: int, toks: list[int]) -> str:
         """Why a row without a stop-string hit ended: "eos", "context" or "length"."""

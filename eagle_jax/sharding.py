@@ -21,7 +21,9 @@ its mesh axis divides it, in whole heads:
 `per_device_elements` gives what one device holds of an array under these
 rules; `eagle-jax plan` (plan.py) adds them up. `shard_params` puts a model's
 parameters on a jax Mesh by them (`Generator(mesh=...)`); the loop then runs
-through XLA's partitioner, with the other arrays of its state placed by it.
+through XLA's partitioner, with the other arrays of its state placed by it,
+and the Pallas kernels under `shard_map` on each device's block
+(`kernels.fused_norm_matmul`, reading the mesh `Generator.mesh_scope` sets).
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class _Config:
 
 
 def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None,
-                      out_dtype=None):
+                      out_dtype=None, column_axis: str | None = "model"):
     """RMSNorm (per segment) followed by a projection. See module docstring.
 
     ``out_dtype`` (default x.dtype) is the result's dtype; float32 keeps the
@@ -244,6 +244,10 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     (one layer of a stacked weight) or a `PackedWeight`.
     ``target`` ("gpu" or "tpu") picks which Pallas kernel body an
     ``interpret`` run uses; for ``pallas`` it must match the backend.
+    Under a context mesh (`jax.set_mesh`) the Pallas kernel runs on each
+    device's block (`_on_mesh`): rows on the mesh's ``data`` axis and w's
+    columns on ``column_axis`` (None: w is replicated), as `eagle_jax.sharding`
+    lays them out; the XLA path is partitioned by XLA.
     """
     x = jnp.asarray(x)
     if x.ndim < 1:
@@ -302,8 +306,36 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     if x2.shape[0] == 0:
         return jnp.zeros((*lead, n), out_dtype or x.dtype)
     cfg = _Config(eps=eps, segments=segments, target=target, interpret=impl == "interpret")
-    y = _pallas_apply(cfg, x2, norm_weights, stack, bias, layer)
+    y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis)
     return y.reshape(*lead, n).astype(out_dtype or x.dtype)
+
+
+def _on_mesh(apply, x2, g, w, bias, layer, column_axis):
+    """apply(x2 [M, K], g, w [..., K, N], bias [N] or None, layer) -> [M, N], on each device's
+    block under the context mesh (`shard_map`): the rows split on its ``data`` axis and w's
+    columns (with the bias and the result's) on `column_axis`, each where the axis divides
+    them, so no device gathers a weight (a column-parallel projection needs no collective).
+    Without a context mesh of more than one device, `apply` as it is."""
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return apply(x2, g, w, bias, layer)
+
+    def axis(name, size):
+        return name if name in mesh.axis_names and size % mesh.shape[name] == 0 else None
+
+    rows, cols = axis("data", x2.shape[0]), axis(column_axis, w.shape[-1])
+    values = (x2, g, w, bias, layer)
+    specs = (P(rows, None), P(), P(*[None] * (w.ndim - 1), cols), P(cols), P())
+    given = [i for i, v in enumerate(values) if v is not None]  # shard_map maps arrays, not None
+
+    def local(*arrays):
+        block = dict(zip(given, arrays))
+        return apply(*(block.get(i) for i in range(len(values))))
+
+    return jax.shard_map(local, in_specs=tuple(specs[i] for i in given), out_specs=P(rows, cols),
+                         check_vma=False)(*(values[i] for i in given))
 
 
 # ---------------------------------------------------------------------------

@@ -123,6 +123,9 @@ class SlotEngine:
                  speculative: bool | None = None, adaptive: bool = True, prefill_chunk: int = 64,
                  prefill_budget: int = 256):
         gen = self.gen = generator
+        if gen.mesh is not None:
+            raise ValueError("the slot engine runs on one device: a Generator on a mesh decodes with "
+                             "generate and stream")
         if gen.tokenizer is None:
             raise ValueError("the slot engine streams text: the target needs a tokenizer")
         if slots < 1:

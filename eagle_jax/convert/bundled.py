@@ -71,11 +71,12 @@ def resolve_drafter(draft: str | None, target_name: str, target_cfg=None) -> str
                             f"({', '.join(BUNDLED_DRAFTERS)}), 'default', 'none' nor a directory")
 
 
-def load_drafter_by_name(draft: str | None, target_cfg, target_name: str, dtype="float32"):
-    """(DrafterConfig, params, DraftVocab) for a --draft value, or None."""
+def load_drafter_by_name(draft: str | None, target_cfg, target_name: str, dtype="float32", *, mesh=None):
+    """(DrafterConfig, params, DraftVocab) for a --draft value, or None; with a jax `mesh`,
+    read straight into its shards."""
     path = resolve_drafter(draft, target_name, target_cfg)
     if path is None:
         return None
     from eagle_jax.convert.drafter_formats import load_drafter
 
-    return load_drafter(path, target_cfg=target_cfg, dtype=dtype)
+    return load_drafter(path, target_cfg=target_cfg, dtype=dtype, mesh=mesh)

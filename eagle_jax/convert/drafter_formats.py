@@ -31,6 +31,7 @@ import json
 import os
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -45,6 +46,7 @@ from eagle_jax.convert.drafter_config import (
 from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
 from eagle_jax.models.drafter import DraftVocab
+from eagle_jax.sharding import DRAFTER_AXES, shard_model
 
 __all__ = [
     "CheckpointError",
@@ -238,18 +240,22 @@ def validate_vocab(d2t: np.ndarray | None, t2d: np.ndarray | None, cfg: DrafterC
 
 # ----------------------------------------------------------------------------- tensors <-> params
 
-def _float(name: str, a: np.ndarray, dtype) -> jnp.ndarray:
+def _float(name: str, a: np.ndarray, dtype) -> np.ndarray:
+    """A floating tensor on the host, in `dtype` (None: its own)."""
     if not np.issubdtype(a.dtype, np.floating) and a.dtype != np.dtype(ml_dtypes.bfloat16):
         raise CheckpointError(f"{name} has dtype {a.dtype}; expected a floating-point tensor")
     a = np.asarray(a)
-    return jnp.asarray(a if dtype is None else a.astype(np.dtype(dtype)))
+    return a if dtype is None else a.astype(np.dtype(dtype))
 
 
-def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtype=jnp.float32,
-                        ) -> tuple[DrafterConfig, dict, DraftVocab]:
+def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtype=jnp.float32, *,
+                        mesh=None) -> tuple[DrafterConfig, dict, DraftVocab]:
     """Validate on-disk tensors against `cfg` and build (cfg, params, vocab).
 
-    `cfg.has_embedding` is set from the presence of `embed_tokens.weight`.
+    `cfg.has_embedding` is set from the presence of `embed_tokens.weight`. The
+    parameters are assembled on the host, then put on the default device, or
+    with a jax `mesh` each device receives only its shards (`sharding.shard_model`:
+    the fused projections laid out for its model axis, `cfg.fused_groups` set).
     """
     tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
     has_mid = any(k.startswith("midlayer.") for k in tensors)
@@ -294,30 +300,33 @@ def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtyp
     layer = {
         "input_layernorm": vec(f"{p}.input_layernorm.weight"),
         "hidden_norm": vec(f"{p}.hidden_norm.weight"),
-        "wqkv": jnp.concatenate([w(f"{p}.self_attn.{n}_proj.weight") for n in "qkv"], axis=1),
+        "wqkv": np.concatenate([w(f"{p}.self_attn.{n}_proj.weight") for n in "qkv"], axis=1),
         "wo": w(f"{p}.self_attn.o_proj.weight"),
         "post_attention_layernorm": vec(f"{p}.post_attention_layernorm.weight"),
-        "w_gate_up": jnp.concatenate([w(f"{p}.mlp.gate_proj.weight"), w(f"{p}.mlp.up_proj.weight")],
-                                     axis=1),
+        "w_gate_up": np.concatenate([w(f"{p}.mlp.gate_proj.weight"), w(f"{p}.mlp.up_proj.weight")],
+                                    axis=1),
         "w_down": w(f"{p}.mlp.down_proj.weight"),
     }
     if cfg.qkv_bias:
-        layer["bqkv"] = jnp.concatenate([vec(f"{p}.self_attn.{n}_proj.bias") for n in "qkv"])
+        layer["bqkv"] = np.concatenate([vec(f"{p}.self_attn.{n}_proj.bias") for n in "qkv"])
     if cfg.o_bias:
         layer["bo"] = vec(f"{p}.self_attn.o_proj.bias")
     params = {"fc": w("fc.weight"), "layer": layer, "norm": vec("norm.weight"),
               "lm_head": w("lm_head.weight")}
     if cfg.fc_norm:
-        params["fc_norm"] = jnp.stack([vec(f"fc_norm.{i}.weight") for i in range(cfg.num_aux)])
+        params["fc_norm"] = np.stack([vec(f"fc_norm.{i}.weight") for i in range(cfg.num_aux)])
     if cfg.norm_before_fc:
         params["input_norm"] = vec("input_norm.weight")
     if cfg.has_embedding:
         params["embed"] = vec("embed_tokens.weight")
+    if mesh is None:
+        return cfg, jax.tree.map(jnp.asarray, params), vocab
+    cfg, params = shard_model(cfg, params, DRAFTER_AXES, mesh)
     return cfg, params, vocab
 
 
 def load_drafter(path: str | os.PathLike, target_cfg: TargetConfig | None = None, dtype=jnp.float32,
-                 *, aux_layer_semantics: str | None = None) -> tuple[DrafterConfig, dict, DraftVocab]:
+                 *, aux_layer_semantics: str | None = None, mesh=None) -> tuple[DrafterConfig, dict, DraftVocab]:
     """Load a SafeAILab / SpecForge / speculators drafter checkpoint directory.
 
     Returns (cfg, params, vocab); params follow docs/PARAMS.md in `dtype`
@@ -328,6 +337,7 @@ def load_drafter(path: str | os.PathLike, target_cfg: TargetConfig | None = None
     `DrafterConfig.for_target`), since the weights only depend on their number.
     RoPE is the drafter config's own. See `drafter_config_from_dict` for the
     aux id readings and `aux_layer_semantics`; the reading applied is logged.
+    With a jax `mesh`, each device receives only its shards (`params_from_tensors`).
     """
     d = Path(path)
     if d.is_file() and d.name == "config.json":
@@ -340,7 +350,7 @@ def load_drafter(path: str | os.PathLike, target_cfg: TargetConfig | None = None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{cfg_path} is not valid JSON: {e}") from None
     cfg = drafter_config_from_dict(config_dict, target_cfg, aux_layer_semantics=aux_layer_semantics)
-    return params_from_tensors(cfg, load_drafter_tensors(d), dtype)
+    return params_from_tensors(cfg, load_drafter_tensors(d), dtype, mesh=mesh)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -27,6 +27,9 @@ from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
 from eagle_jax.models.layers import embed_tokens, native_attention, rotated_heads, swiglu_mlp
 from eagle_jax.nn import attention, rms_norm, rope_tables
+from eagle_jax.sharding import DRAFTER_AXES, RULES
+
+_FC_COLUMNS = RULES[DRAFTER_AXES["fc"][-1]]  # the mesh axis of fc's columns (None: replicated)
 
 
 @flax.struct.dataclass
@@ -79,10 +82,10 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
                          f"({cfg.fc_in_size} features), got {aux.shape[-1]}")
     if cfg.fc_norm:
         return fused_norm_matmul(aux, params["fc_norm"], params["fc"], eps=cfg.rms_norm_eps,
-                                 segments=cfg.num_aux, impl=impl)
+                                 segments=cfg.num_aux, impl=impl, column_axis=_FC_COLUMNS)
     if cfg.norm_before_fc:
         return fused_norm_matmul(aux, params["input_norm"], params["fc"], eps=cfg.rms_norm_eps,
-                                 impl=impl)
+                                 impl=impl, column_axis=_FC_COLUMNS)
     return matmul(aux, params["fc"])
 
 

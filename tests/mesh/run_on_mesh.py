@@ -36,10 +36,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import spec_helpers as H  # noqa: E402
 
 from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
+from eagle_jax.convert.drafter_formats import params_from_tensors, tensors_from_params  # noqa: E402
 from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
+from eagle_jax.serve.slots import SlotEngine  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
-from eagle_jax.sharding import TARGET_AXES, make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
+from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
 from eagle_jax.spec import loop  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
@@ -53,40 +55,59 @@ specs = {"chain": SpecConfig(disable_by_batch_size=None),
          "tree": SpecConfig(method="tree", tree_top_k=2, tree_depth=3, tree_total_tokens=6, disable_by_batch_size=None)}
 
 
-def run(mesh, method):
+def run(mesh, method, impl="xla"):
     kw = {} if method == "plain" else {"drafter": drafter, "spec": specs[method]}
-    g = Generator(cfg, params, impl="xla", mesh=parse_mesh(mesh) if mesh else None, **kw)
+    g = Generator(cfg, params, impl=impl, mesh=parse_mesh(mesh) if mesh else None, **kw)
     out = g.generate(prompts, max_new_tokens=12, chat=False)
     return g, {"tokens": out.token_ids, "accepted": out.stats.get("accepted_tokens", 0)}
 
 
 def collectives(g) -> dict:
-    """Result shapes of each kind of collective in one compiled speculative step."""
+    """Result shapes of each kind of collective in one compiled speculative step, and how many
+    shard_map and pallas_call equations its jaxpr has."""
     ids, lc, args, static, _ = g._prepare(prompts, 12, (0.0, 0, 1.0), 0, False, ())
-    state = loop.prefill_jit(g.target_params, g.drafter_params, g.vocab, *args, **static)
-    text = loop.step_jit.lower(g.target_params, g.drafter_params, g.vocab, state, lc=lc).compile().as_text()
+    with g.mesh_scope():
+        state = loop.prefill_jit(g.target_params, g.drafter_params, g.vocab, *args, **static)
+        traced = loop.step_jit.trace(g.target_params, g.drafter_params, g.vocab, state, lc=lc)
+        text = traced.lower().compile().as_text()
+    jaxpr = str(traced.jaxpr)
     out = {}
     for m in re.finditer(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|reduce-scatter|"
                          r"collective-permute|all-to-all)(?:-start)?\(", text):
         shapes = [[int(x) for x in dims.split(",") if x] for dims in re.findall(r"\[([0-9,]*)\]", m.group(1))]
         out.setdefault(m.group(2), []).extend(s for s in shapes if s not in out.get(m.group(2), []))
-    return {"collectives": out, "cache": list(state.tcache.k.shape)}
+    return {"collectives": out, "cache": list(state.tcache.k.shape),
+            "kernels": {"shard_map": jaxpr.count("shard_map["), "pallas_call": jaxpr.count("pallas_call[")}}
 
 
 def loaded(mesh) -> dict:
-    """The target written to a converted directory and read back straight onto the mesh
-    (`load_converted(..., mesh=)`): its shardings and values against `shard_params` of the
-    arrays in memory, and the greedy chain tokens it decodes."""
+    """The target written to a converted directory and read back, and the drafter's checkpoint
+    tensors loaded (`load_drafter`'s last step: a config file would refuse the aux ids this
+    4-layer target repeats), each straight onto the mesh (`load_converted(..., mesh=)`,
+    `params_from_tensors(..., mesh=)`): their shardings and values against `shard_model` of the
+    arrays in memory, and the greedy chain tokens they decode."""
     mesh_ = make_mesh(parse_mesh(mesh))
+    dcfg, dparams, vocab = drafter
     with tempfile.TemporaryDirectory() as d:
         path = save_converted(LoadedTarget(cfg, params, None, "tiny"), os.path.join(d, "tiny"))
         got = load_converted(path, mesh=mesh_)
-    want_cfg, want = shard_model(cfg, params, TARGET_AXES, mesh_)
-    same_sharding = jax.tree.map(lambda a, b: a.sharding == b.sharding, got.params, want)
-    same_value = jax.tree.map(lambda a, b: bool((a == b).all()), to_host(got.params), to_host(want))
-    g = Generator(got.cfg, got.params, impl="xla", mesh=parse_mesh(mesh), drafter=drafter, spec=specs["chain"])
-    return {"same_shardings": all(jax.tree.leaves(same_sharding)), "same_values": all(jax.tree.leaves(same_value)),
-            "fused_groups": [got.cfg.fused_groups, want_cfg.fused_groups],
+    got_drafter = params_from_tensors(dcfg, tensors_from_params(dcfg, dparams, vocab, "speculators"), mesh=mesh_)
+    pairs = [(got.cfg, got.params, shard_model(cfg, params, TARGET_AXES, mesh_)),
+             (got_drafter[0], got_drafter[1], shard_model(dcfg, dparams, DRAFTER_AXES, mesh_))]
+    same_sharding = [jax.tree.map(lambda a, b: a.sharding == b.sharding, p, want) for _, p, (_, want) in pairs]
+    same_value = [jax.tree.map(lambda a, b: bool((a == b).all()), to_host(p), to_host(want))
+                  for _, p, (_, want) in pairs]
+    g = Generator(got.cfg, got.params, impl="xla", mesh=parse_mesh(mesh), drafter=got_drafter, spec=specs["chain"])
+    try:
+        SlotEngine(g)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return {"slot_engine": refused, "same_shardings": all(jax.tree.leaves(same_sharding)),
+            "same_values": all(jax.tree.leaves(same_value)),
+            "fused_groups": [[c.fused_groups, want_cfg.fused_groups] for c, _, (want_cfg, _) in pairs],
+            "sharded_leaves": [sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(p))
+                               for _, p, _ in pairs],
             "tokens": g.generate(prompts, max_new_tokens=12, chat=False).token_ids}
 
 
@@ -100,6 +121,9 @@ for mesh in meshes:
         result["meshes"][mesh][method] = out
         if method == "chain":
             result["meshes"][mesh].update(collectives(g))
+    # The Pallas kernels (interpreted on CPU) on each device's block, under shard_map.
+    g, out = run(mesh, "chain", impl="interpret")
+    result["meshes"][mesh]["pallas"] = {**out, **collectives(g)}
     result["meshes"][mesh]["loaded"] = loaded(mesh)
 result["process"] = jax.process_index()
 result["weight_shapes"] = sorted({tuple(x.shape[1:]) for x in params["layers"].values()}

@@ -44,12 +44,21 @@ def _check(result: dict, mesh: str) -> None:
         assert got[method]["tokens"] == ref[method]["tokens"], (mesh, method)
         assert got[method]["accepted"] == ref[method]["accepted"], (mesh, method)
     assert got["chain"]["accepted"] > 0 and got["tree"]["accepted"] > 0  # drafts were verified on the mesh
-    # Read from a converted checkpoint straight into its shards: the same layout and values.
-    assert got["loaded"]["same_shardings"] and got["loaded"]["same_values"], got["loaded"]
-    assert got["loaded"]["fused_groups"] == [int(mesh.split("x")[1])] * 2
-    assert got["loaded"]["tokens"] == ref["chain"]["tokens"]
-    # The step moves activations between shards, never a whole weight or the whole KV cache.
     weights = {tuple(s) for s in result["weight_shapes"]} | {tuple(got["cache"])}
+    # The Pallas kernels under shard_map (interpreted): the same tokens, and no weight moved either.
+    assert got["pallas"]["tokens"] == ref["chain"]["tokens"] and got["pallas"]["accepted"] == ref["chain"]["accepted"]
+    assert got["kernels"] == {"shard_map": 0, "pallas_call": 0}, got["kernels"]
+    assert got["pallas"]["kernels"]["pallas_call"] >= got["pallas"]["kernels"]["shard_map"] > 0, got["pallas"]
+    pallas_moved = {tuple(s) for shapes in got["pallas"]["collectives"].values() for s in shapes}
+    assert not pallas_moved & weights, pallas_moved & weights
+    # Target and drafter read from their checkpoints straight into their shards: the same layout and values.
+    assert got["loaded"]["same_shardings"] and got["loaded"]["same_values"], got["loaded"]
+    assert got["loaded"]["fused_groups"] == [[int(mesh.split("x")[1])] * 2] * 2
+    if mesh.split("x")[1] != "1":  # a model axis splits some leaves of each
+        assert all(n > 0 for n in got["loaded"]["sharded_leaves"]), got["loaded"]
+    assert got["loaded"]["tokens"] == ref["chain"]["tokens"]
+    assert "runs on one device" in got["loaded"]["slot_engine"]
+    # The step moves activations between shards, never a whole weight or the whole KV cache.
     moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
     assert not moved & weights, moved & weights
     # q|k|v and gate|up come in one group per model shard (`fused_layout`): slicing them moves no
@@ -115,7 +124,7 @@ def test_grouped_fused_columns_decode_as_the_checkpoint_layout():
         dataclasses.replace(cfg, fused_groups=3)
 
 
-def test_a_mesh_needs_its_devices_and_the_xla_path():
+def test_a_mesh_needs_its_devices_and_no_native_kernels():
     cfg = TargetConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                        num_kv_heads=2, head_dim=8, max_position_embeddings=128)
     params = target.init_params(cfg, jax.random.PRNGKey(0))
