@@ -125,8 +125,9 @@ def test_fused_norm_matmul_packed_equals_xla_reference():
 @pytest.mark.parametrize("m,k,n,segments", [(1, 576, 960, 1), (5, 130, 200, 2), (17, 1152, 576, 2),
                                             (7, 48, 70, 3), (33, 64, 128, 1)])
 def test_fused_norm_and_residual_against_the_xla_path(poisoned, dtype, m, k, n, segments):
-    """The in-kernel RMSNorm rounds as the XLA path does (bf16: bit for bit
-    here); the residual add is `h + round(x @ W)`."""
+    """The in-kernel RMSNorm rounds as the XLA path does (bf16: bit for bit but
+    where f32 sums taken in another order round to the neighbouring value); the
+    residual add is `h + round(x @ W)`."""
     rng = np.random.default_rng(m + k + n)
     x = jnp.asarray(rng.standard_normal((m, k)), dtype)
     g = jnp.asarray(1 + 0.1 * rng.standard_normal((k,)), dtype)
@@ -136,12 +137,25 @@ def test_fused_norm_and_residual_against_the_xla_path(poisoned, dtype, m, k, n, 
     got = jax.jit(lambda x, g, p: cpu.matmul(x, p, jnp.dtype(dtype), norm_weight=g, eps=1e-5,
                                              segments=segments))(x, g, pw)
     assert np.all(np.isfinite(np.asarray(got, np.float32)))
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
-                               rtol=1e-5, atol=1e-5 if dtype == "float32" else 0)
+    if dtype == "float32":
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-5)
+    else:
+        _assert_bf16_rounds_alike(np.asarray(got, np.float32), np.asarray(ref, np.float32))
+
     res = jnp.asarray(rng.standard_normal((m, n)), dtype)
     want = res + cpu.matmul(x, pw, jnp.dtype(dtype))
     got = jax.jit(lambda x, p, r: cpu.matmul(x, p, jnp.dtype(dtype), residual=r))(x, pw, res)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def _assert_bf16_rounds_alike(got, ref):
+    """Bit for bit except a few elements one bf16 step apart: the f32 accumulations differ in
+    order (on a Zen 2 with AVX2 none differed; on a Xeon with AVX-512, 3 of 9,792 at
+    17x1152x576), while a norm rounded once instead of twice moves about half of them."""
+    off = got != ref
+    step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(ref), 1e-30))) - 7)  # a bf16 ulp at |ref|
+    assert off.mean() <= 0.005, f"{off.sum()} of {off.size} elements differ"
+    assert np.all(np.abs(got - ref)[off] <= step[off]), np.max(np.abs(got - ref)[off] / step[off])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
