@@ -7,6 +7,7 @@
     eagle-jax bench --suite drift [--quick]
     eagle-jax bench --suite plain-vs-transformers
     eagle-jax bench --suite serve                   # HTTP server: per-user tok/s at concurrency 1/4/16, EAGLE vs plain
+    eagle-jax bench --suite draft-policy            # slot engines, no HTTP: the draft policy against fixed depths
     eagle-jax bench --suite step-cost [--quick]     # forward cost against M, step breakdown (CPU issue)
     eagle-jax bench --suite learning-curve --draft train/state/eagle3.1 [--label NAME]
                                                     # a learning-curve point (benchmarks/learning_curve.py)
@@ -63,8 +64,8 @@ def _strs(s: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "step-cost",
-                                       "learning-curve", "report", "device"],
+    p.add_argument("--suite", choices=["speed", "drift", "plain-vs-transformers", "serve", "draft-policy",
+                                       "step-cost", "learning-curve", "report", "device"],
                    default="speed")
     p.add_argument("--quick", action="store_true", help="small grid that fits in 10 minutes on a 2-core CPU")
     p.add_argument("--dry-run", action="store_true",
@@ -107,9 +108,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "beside the quick and full ones (default: quick or full); learning-curve: the point's name")
     # drift suite
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
-    # serve suite
+    # serve and draft-policy suites
     p.add_argument("--serve-concurrency", default="1,4,16",
-                   help="serve: concurrent users, comma-separated (the slot engine has as many slots as the most)")
+                   help="serve, draft-policy: concurrent users, comma-separated (a slot engine has as many slots "
+                        "as the most)")
     p.add_argument("--prefill-chunk", type=int, default=64,
                    help="serve: prompt tokens the slot engine prefills a call")
     p.add_argument("--prefill-budget", type=int, default=256,
@@ -420,6 +422,10 @@ def main(args) -> int:
         from eagle_jax.benchmarks import serve_load
 
         result = serve_load.run(args, log)
+    elif args.suite == "draft-policy":
+        from eagle_jax.benchmarks import draft_policy
+
+        result = draft_policy.run(args, log)
     elif args.suite == "step-cost":
         from eagle_jax.benchmarks import step_cost
 

@@ -3,7 +3,7 @@
     eagle-jax bench --suite report [--output-dir DIR] [--docs PATH]
     python -P -m eagle_jax.benchmarks.report
 
-For each suite (speed, drift, plain_vs_transformers, serve) the newest result per
+For each suite (speed, drift, plain_vs_transformers, serve, draft_policy, step_cost) the newest result per
 (mode, machine) is rendered; older files are listed at the end. Every table
 is captioned with the command, the machine and the date of its run.
 Hand-written commentary lives in benchmarks/results/analysis.md and is
@@ -557,6 +557,27 @@ def _render_serve_static_batches(r: dict) -> str:
     return "\n".join(out)
 
 
+def render_draft_policy(r: dict) -> str:
+    """benchmarks/draft_policy.py: slot engines without HTTP, the draft policy against fixed depths."""
+    st = r.get("settings", {})
+    engines = list(next(iter(r.get("levels", {}).values()), {}))
+    out = [f"### The draft policy against fixed depths ({r.get('date', '?')[:10]})", "", caption(r), "",
+           f"Slot engines in one process ({st.get('slots')} slots, max_len {st.get('max_len')}), no HTTP: plain, "
+           f"`adaptive` (the depth of each step picked by the policy, as `eagle-jax serve` runs) and each fixed "
+           f"draft depth, drafter {st.get('draft')}; at concurrency c, c greedy HumanEval chats submitted at once, "
+           f"{st.get('max_new_tokens')} new tokens each; a user's throughput is its tokens over its request's "
+           f"wall time; {st.get('rounds')} timed rounds, engines in a rotated order. Cells: per-user tok/s "
+           f"(ratio to plain, paired by round); steps by draft depth (0: plain) and catch-up calls below.", "",
+           "| concurrency | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
+    for c, level in r.get("levels", {}).items():
+        out.append(f"| {c} | " + " | ".join(f"{fmt(e['per_user_tokens_per_s'], 1)} ({fmt(e['vs_plain_paired_median'])})"
+                                          for e in level.values()) + " |")
+        out.append("| steps | " + " | ".join(
+            ", ".join(f"{d}: {k}" for d, k in e["steps_by_depth"].items()) + f"; {e['catch_ups']} catch-ups"
+            for e in level.values()) + " |")
+    return "\n".join(out)
+
+
 # ----------------------------------------------------------------------------- step cost
 
 
@@ -694,6 +715,7 @@ eagle-jax bench --quick                             # < 10 min on a 2-core CPU
 eagle-jax bench                                     # full grid (batch 1/4/16, T 0 and 0.7, long context)
 eagle-jax bench --suite drift [--quick]             # attention-drift diagnostics
 eagle-jax bench --suite serve                       # the HTTP server under concurrent load
+eagle-jax bench --suite draft-policy                # slot engines without HTTP: the policy against fixed depths
 eagle-jax bench --suite step-cost [--quick]         # forward cost against M, step breakdown
 eagle-jax bench --suite learning-curve --draft DIR  # one learning-curve point (a drafter or train/state/<v>)
 eagle-jax bench --suite report                      # re-render this file
@@ -740,6 +762,7 @@ def render(results_dir: str | None = None, docs_path: str | None = None) -> str:
                 ("speed", "## Decoding speed", lambda r: render_speed(r, docs_path)),
                 ("drift", "## Attention drift", lambda r: render_drift(r, docs_path)),
                 ("serve", "## Serving under concurrent load", lambda r: render_serve(r, docs_path)),
+                ("draft_policy", "## The slot engine's draft policy", render_draft_policy),
                 ("step_cost", "## Step cost", lambda r: render_step_cost(r, docs_path))]
     for suite, title, fn in sections:
         rs = [r for r in chosen if r["suite"] == suite]

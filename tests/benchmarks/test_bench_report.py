@@ -217,3 +217,24 @@ def test_decode_rates_leave_out_the_first_token_and_match_runs():
     assert x == pytest.approx(65 / 0.9) and y == pytest.approx(65 / 1.0)
     s = harness.summarize_engine(plain, plain, greedy=True, is_baseline=True)
     assert s["decode_tokens_per_s"] == pytest.approx(128 / 1.28)
+
+
+def test_draft_policy_section(tmp_path):
+    rd = tmp_path / "results"
+    rd.mkdir()
+    cell = lambda tps, ratio, steps, catch: {"per_user_tokens_per_s": tps, "vs_plain_paired_median": ratio,
+                                             "steps_by_depth": steps, "catch_ups": catch,
+                                             "same_texts_as_plain": 4, "replies": 4}
+    _write(rd / "draft_policy-engines-1.json", {
+        "machine": MACHINE, "jax_version": "0.0", "command": "eagle-jax bench --suite draft-policy",
+        "suite": "draft_policy", "mode": "engines", "date": "2026-01-01T00:00:00",
+        "settings": {"slots": 4, "max_len": 512, "draft": "default", "max_new_tokens": 64, "rounds": 3},
+        "levels": {"1": {"plain": cell(40.0, 1.0, {"0": 63}, 0), "adaptive": cell(44.0, 1.1, {"1": 40}, 2),
+                         "depth 1": cell(43.0, 1.08, {"1": 42}, 2)}}})
+    docs = tmp_path / "benchmarks.md"
+    text = open(report.render(results_dir=str(rd), docs_path=str(docs))).read()
+    section = text.split("## The slot engine's draft policy", 1)[1]
+    assert "eagle-jax bench --suite draft-policy" in section
+    assert "| concurrency | plain | adaptive | depth 1 |" in section
+    assert "| 1 | 40.0 (1.00) | 44.0 (1.10) | 43.0 (1.08) |" in section
+    assert "| steps | 0: 63; 0 catch-ups | 1: 40; 2 catch-ups | 1: 42; 2 catch-ups |" in section
