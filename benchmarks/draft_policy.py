@@ -15,7 +15,8 @@ engine at every concurrency, the engines in a rotated order, after one
 untimed burst each. Reported per concurrency and engine: the median per-user
 tok/s over rounds, its ratio to plain paired by round (median), the engine's
 timed steps by draft depth (0: plain) and catch-up calls, and how many
-replies have plain's text (greedy: all but near-ties).
+replies have plain's text (greedy: all but near-ties); and the adaptive
+engine's warm-up step times (`info()["step_ms"]`), what its policy weighs.
 
 What it answers: whether the policy is at least as fast as the best fixed
 depth at each load, with the HTTP layer and the clients out of the timings.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections import Counter
 
 __all__ = ["run"]
 
@@ -61,14 +63,10 @@ def _burst(engine, prompts: list[list[int]], max_new: int) -> dict:
     return {"wall_s": wall, "replies": replies, "steps": steps, "catch_ups": after["catch_ups"] - before["catch_ups"]}
 
 
-def _per_user(burst: dict) -> float:
-    """Median over users of completion tokens / request wall time."""
-    return statistics.median(r["tokens"] / r["latency_s"] for r in burst["replies"])
-
-
 def run(args, log) -> dict:
     from eagle_jax.benchmarks import datasets as ds
     from eagle_jax.benchmarks import harness as H
+    from eagle_jax.benchmarks.serve_load import per_user
     from eagle_jax.config import SpecConfig
     from eagle_jax.convert.bundled import load_drafter_by_name
     from eagle_jax.convert.registry import load_target
@@ -120,29 +118,22 @@ def run(args, log) -> dict:
                 for name in order:
                     timed[name, c].append(_burst(engines[name], prompts[:c], max_new))
                     log(f"draft-policy {name} concurrency {c} round {i}: "
-                        f"{_per_user(timed[name, c][-1]):.1f} tok/s per user")
+                        f"{per_user(timed[name, c][-1]):.1f} tok/s per user")
     finally:
         for engine in engines.values():
             engine.close()
     result["warmup_s"] = warm
+    result["adaptive_step_ms"] = engines["adaptive"].info()["step_ms"]
     result["levels"] = {}
     for c in levels:
         base = timed["plain", c]
         texts = [r["text"] for b in base for r in b["replies"]]
         result["levels"][str(c)] = {name: {
-            "per_user_tokens_per_s": statistics.median(map(_per_user, bursts)),
-            "vs_plain_paired_median": statistics.median(_per_user(b) / _per_user(p) for p, b in zip(base, bursts)),
-            "steps_by_depth": _summed([b["steps"] for b in bursts]),
+            "per_user_tokens_per_s": statistics.median(map(per_user, bursts)),
+            "vs_plain_paired_median": statistics.median(per_user(b) / per_user(p) for p, b in zip(base, bursts)),
+            "steps_by_depth": dict(sorted(sum((Counter(b["steps"]) for b in bursts), Counter()).items())),
             "catch_ups": sum(b["catch_ups"] for b in bursts),
             "same_texts_as_plain": sum(a == r["text"] for a, r in zip(texts, (r for b in bursts for r in b["replies"]))),
             "replies": len(texts),
         } for name in engines for bursts in [timed[name, c]]}
     return result
-
-
-def _summed(counts: list[dict]) -> dict:
-    out: dict = {}
-    for c in counts:
-        for k, v in c.items():
-            out[k] = out.get(k, 0) + v
-    return dict(sorted(out.items()))

@@ -34,7 +34,7 @@ import urllib.request
 
 import numpy as np
 
-__all__ = ["run"]
+__all__ = ["run", "per_user"]
 
 
 def _stream(url: str, body: dict) -> dict:
@@ -88,7 +88,7 @@ def _burst(url: str, bodies: list[dict]) -> dict:
     return {"wall_s": wall, "tokens_per_s": sum(r["tokens"] for r in replies) / wall, "replies": replies}
 
 
-def _per_user(burst: dict) -> float:
+def per_user(burst: dict) -> float:
     """Median over users of completion tokens / request wall time."""
     return statistics.median(r["tokens"] / r["latency_s"] for r in burst["replies"])
 
@@ -156,7 +156,7 @@ def run(args, log) -> dict:
                     if n == "eagle":
                         for d, k in servers[n].engine.info()["steps"].items():
                             depths[c][d] = depths[c].get(d, 0) + k - before.get(d, 0)
-                    log(f"serve {n} concurrency {c} round {i}: {_per_user(timed[n, c][-1]):.1f} tok/s per user")
+                    log(f"serve {n} concurrency {c} round {i}: {per_user(timed[n, c][-1]):.1f} tok/s per user")
         result["steps"] = {n: s.engine.info()["steps"] for n, s in servers.items()}
     finally:
         for s in servers.values():
@@ -169,8 +169,8 @@ def run(args, log) -> dict:
         both = {"plain": plain, "eagle": eagle}
         replies = {n: [r for b in bursts for r in b["replies"]] for n, bursts in both.items()}
         result["levels"][str(c)] = {
-            "per_user_tokens_per_s": {n: statistics.median(map(_per_user, b)) for n, b in both.items()},
-            "speedup_paired_median": statistics.median(_per_user(e) / _per_user(p) for p, e in zip(plain, eagle)),
+            "per_user_tokens_per_s": {n: statistics.median(map(per_user, b)) for n, b in both.items()},
+            "speedup_paired_median": statistics.median(per_user(e) / per_user(p) for p, e in zip(plain, eagle)),
             "total_tokens_per_s": {n: statistics.median(x["tokens_per_s"] for x in b) for n, b in both.items()},
             "latency_mean_s": {n: statistics.mean(r["latency_s"] for r in rs) for n, rs in replies.items()},
             "ttft_s": {n: _percentiles([r["ttft_s"] for r in rs]) for n, rs in replies.items()},

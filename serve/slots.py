@@ -169,9 +169,9 @@ class SlotEngine:
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
         capped = self.draft_rows is not None and self.draft_rows < slots
         depths = (0,) + _depths(self.depth) if adaptive else tuple(sorted({0, self.depth} if capped else {self.depth}))
-        costs = self._warm_up(depths)
+        self._costs = self._warm_up(depths)
         if adaptive:
-            self._policy = _DraftPolicy(costs, self.depth)
+            self._policy = _DraftPolicy(self._costs, self.depth)
         self.warmup_s = time.perf_counter() - t0
         self._thread = threading.Thread(target=self._loop, name="eagle-jax-slots", daemon=True)
         self._thread.start()
@@ -184,7 +184,9 @@ class SlotEngine:
                 "warmup_s": round(self.warmup_s, 2), "prefill_chunk": self.prefill_chunk,
                 "prefill_budget": self.prefill_budget,
                 "adaptive": self._policy is not None, "disable_by_batch_size": self.draft_rows,
-                "steps": {str(d): n for d, n in sorted(self.steps.items())}, "catch_ups": self.catch_ups}
+                "steps": {str(d): n for d, n in sorted(self.steps.items())}, "catch_ups": self.catch_ups,
+                # the warm-up's least time of each (row bucket, draft depth or catch_up), with several depths
+                "step_ms": {f"{rows}x{depth}": round(1e3 * t, 2) for (rows, depth), t in self._costs.items()}}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)

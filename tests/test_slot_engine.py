@@ -22,7 +22,7 @@ from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.engine import Delta, EngineError, Sampling
 from eagle_jax.serve.server import add_arguments, make_server
-from eagle_jax.serve.slots import SlotEngine, _DraftPolicy, fitting_max_len
+from eagle_jax.serve.slots import SlotEngine, _depths, _DraftPolicy, fitting_max_len
 from eagle_jax.spec import loop
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
@@ -370,6 +370,10 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
     plain ones are still accepted."""
     gen, engine = adaptive
     assert engine.lc.catch_up_width and engine.info()["adaptive"]
+    # The warm-up's step times, as the policy weighs them: every row bucket at every depth, and its catch-up.
+    kinds = [0, *_depths(gen.spec.depth), "catch_up"]
+    assert engine.info()["step_ms"].keys() == {f"{r}x{k}" for r in engine.row_buckets for k in kinds}
+    assert all(ms > 0 for ms in engine.info()["step_ms"].values())
     policy = _Cycle(gen.spec.depth)
     monkeypatch.setattr(engine, "_policy", policy)
     before, catch_ups = dict(engine.info()["steps"]), engine.info()["catch_ups"]

@@ -21,6 +21,7 @@ def test_every_engine_answers_as_plain_and_counts_its_steps(tmp_path):
     (path,) = tmp_path.glob("draft_policy-engines-*.json")
     result = json.loads(path.read_text())
     deepest = result["settings"]["deepest"]
+    assert f"1x{deepest}" in result["adaptive_step_ms"] and "2x0" in result["adaptive_step_ms"]
     for c, level in result["levels"].items():
         assert list(level)[:2] == ["plain", "adaptive"] and f"depth {deepest}" in level
         for name, e in level.items():
