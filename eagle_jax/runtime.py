@@ -31,7 +31,9 @@ def default_disable_by_batch_size() -> int | None:
     a chain k=3 step cost 2.1x a plain step (about 5 ms of compute per extra
     row on two cores) and ran at 0.82x plain, the tree at 0.68x
     (`step_cost-quick-20261205-004528`); the XLA path's verify costs 1.4-1.9x
-    a plain step, too much for the drafters' tau."""
+    a plain step, too much for the drafters' tau. The server's adaptive slot
+    engine lifts the cap of 1 (serve/slots.py): its draft policy, timing each
+    depth per row bucket, picks plain where drafting loses."""
     if jax.default_backend() != "cpu":
         return None
     from eagle_jax.kernels import cpu, resolve_impl

@@ -22,7 +22,8 @@ serves every mix of requests. One host thread runs the loop:
 3. observe: read each row's new tokens (`_read`, fresh arrays of at most
    `tokens_per_step` tokens a row), push their text through serve/engine.py's
    stop-string logic, and end rows on EOS, limits, a stop string or a
-   cancellation (`loop.finish_rows_jit` marks the row done on the device).
+   cancellation (`loop.finish_rows_jit` marks the row done on the device, and its
+   free slot greedy with no filter).
 
 A free slot is a done row: it emits nothing, and the next request written
 into it overwrites every leaf of the slot. Sampling settings are per-row
@@ -134,10 +135,14 @@ class SlotEngine:
             raise ValueError(f"prefill_chunk must be in [16, max_len={max_len}], got {prefill_chunk}")
         if prefill_budget < 0:
             raise ValueError(f"prefill_budget must be >= 0 (0: no limit), got {prefill_budget}")
-        # speculative=None: the generator's disable_by_batch_size decides, per step, as in vLLM.
+        # speculative=None: the generator's disable_by_batch_size decides, per step, as in vLLM; left at
+        # "auto", an adaptive engine that drafts at all drafts at any row count its policy finds paying
+        # (measured on AVX-512: 1.24x plain at 4 rows, plain at 16 where drafting lost 25-37%).
         limit = gen.disable_by_batch_size if speculative is None else None
         speculative = gen.speculates(1) if speculative is None else speculative and gen.speculative
         adaptive = adaptive and speculative
+        if adaptive and gen.spec.disable_by_batch_size == "auto":
+            limit = None
         self.draft_rows = limit if speculative else None  # steps over more running rows decode plainly
         lc = _row_config(gen, speculative)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
@@ -185,8 +190,10 @@ class SlotEngine:
                 "prefill_budget": self.prefill_budget,
                 "adaptive": self._policy is not None, "disable_by_batch_size": self.draft_rows,
                 "steps": {str(d): n for d, n in sorted(self.steps.items())}, "catch_ups": self.catch_ups,
-                # the warm-up's least time of each (row bucket, draft depth or catch_up), with several depths
-                "step_ms": {f"{rows}x{depth}": round(1e3 * t, 2) for (rows, depth), t in self._costs.items()}}
+                # the warm-up's least time of each (row bucket, draft depth or catch_up), with several
+                # depths; "+filter": over rows that ask for top-k and top-p
+                "step_ms": {f"{k[0]}x{k[1]}" + ("+filter" if k[2:] == (True,) else ""): round(1e3 * t, 2)
+                            for k, t in self._costs.items()}}
 
     def check(self, prompt_ids: list[int]) -> None:
         self.gen.encode_prompts([prompt_ids], chat=False)
@@ -244,7 +251,7 @@ class SlotEngine:
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._shapes)
         self._behind = 0
         feats, feat_tokens = loop.create_feats(self.lc, self.slots, self.max_len)
-        return zeros.replace(done=jnp.ones((self.slots,), bool), feats=feats, feat_tokens=feat_tokens)
+        return loop.finish_rows(zeros.replace(feats=feats, feat_tokens=feat_tokens), jnp.ones((self.slots,), bool))
 
     def _fill(self, slot: int, ids: list[int], sampling: Sampling) -> _Fill:
         """Start prefilling a prompt into `slot`: one-row caches and buffers."""
@@ -314,8 +321,12 @@ class SlotEngine:
         each row bucket and draft depth, the catch-up of each row bucket, the read and the
         finish. With several depths, each step and catch-up is then timed: the least of
         `rounds` runs, taken in turn (every program once a round), so that a burst of other
-        work on the machine slows one run of each, not all runs of one. Returns
-        {(rows, depth or "catch_up"): seconds} (empty with one depth); leaves every slot free."""
+        work on the machine slows one run of each, not all runs of one. Steps are timed
+        twice: over rows that ask for no top-k / top-p filter and over rows that ask for
+        both (`process_logits` runs a filter only when some row of the step asks for it,
+        and it costs a drafting step more than a plain one: more positions to filter).
+        Returns {(rows, depth, filtered): seconds} and {(rows, "catch_up"): seconds} (empty
+        with one depth); leaves every slot free."""
         warm = Sampling(max_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
         fill = self._fill(0, [0] * min(self.prefill_chunk, self.context_limit - 1), warm)  # one program: any start
         while not self._prefill_chunk(fill):
@@ -329,9 +340,13 @@ class SlotEngine:
         for run in runs.values():  # the first call compiles
             run()
         costs = {}
-        if len(depths) > 1:
+        for filtered in (False, True) if len(depths) > 1 else ():
+            every = _params(warm if filtered else Sampling(max_tokens=2))
+            self._state = self._state.replace(sampling=jax.tree.map(lambda a: jnp.repeat(a, self.slots), every))
+            timed = {k: run for k, run in runs.items() if not (filtered and k[1] == "catch_up")}
             for _ in range(rounds):
-                for key, run in runs.items():
+                for (rows, kind), run in timed.items():
+                    key = (rows, kind) if kind == "catch_up" else (rows, kind, filtered)
                     costs[key] = min(costs.get(key, float("inf")), run())
         self._observe()  # no rows: only the read
         self._finish([0])
@@ -379,18 +394,22 @@ class SlotEngine:
             elif self._policy and self._filling and self._catch_up_calls():
                 depth = 0  # rows are joining: catch up once for all of them, at the bucket they make
             elif self._policy:
-                depth = self._policy.choose(rows, self._catch_up_calls(), self._horizon())
+                depth = self._policy.choose(rows, self._catch_up_calls(), self._horizon(), self._filtered())
             else:
                 depth = self.depth
             seconds = self._step(rows, depth)
             self.steps[depth] = self.steps.get(depth, 0) + 1
             counts = self._observe()
             if self._policy:
-                self._policy.observe(rows, depth, seconds, counts)
+                self._policy.observe(rows, depth, seconds, counts, self._filtered())
 
     def _catch_up_calls(self) -> int:
         """Catch-up calls the next drafting step would need first."""
         return -(-self._behind // self.lc.catch_up_width) if self.lc.catch_up_width else 0
+
+    def _filtered(self) -> bool:
+        """Whether a running row asks for top-k or top-p (steps then run those filters)."""
+        return any(_filters(r.req.sampling, self.vocab_size) for r in self._rows.values())
 
     def _horizon(self) -> float:
         """Tokens the running rows have left, on average (what a catch-up's cost is spread over)."""
@@ -442,7 +461,7 @@ class SlotEngine:
                 row.req.push(Delta(piece, used))
             if row.text.stopped or final:
                 ended[slot] = self._done(row, bool(done[slot]), stats, now)
-        self._finish([slot for slot in ended if not done[slot]])
+        self._finish(list(ended))  # free slots filter nothing (loop.finish_rows)
         with self._wake:  # the slots are free before their requests hear of it
             reqs = [self._rows.pop(slot).req for slot in ended]
             self._running -= len(ended)
@@ -507,14 +526,21 @@ def _depths(deepest: int) -> tuple[int, ...]:
 class _DraftPolicy:
     """The draft depth of each step (0: plain), by expected seconds per token.
 
-    A step at depth d over a row bucket takes `load * base[rows, d]` seconds:
-    `base` holds the warm-up's timings, and `load` is one running mean, over
-    every step, of its measured seconds over its warm-up seconds. Whatever
-    else runs on the machine slows every depth alike, so it moves `load`, not
-    the ranking of the depths. (A running mean per depth let a busy spell of
-    plain steps make the untried drafting depths look cheap; the engine then
-    switched back and forth, paying catch-ups at each switch: 0.92x plain at
-    concurrency 4 on two cores, where drafting at 4 rows breaks even at best.)
+    A step at depth d over a row bucket takes `load * base[rows, d, filtered]`
+    seconds: `base` holds the warm-up's timings, apart for steps where some
+    row asks for top-k or top-p (`filtered`: those filters then run, over
+    every drafted position), and `load` is one running mean, over every step,
+    of its measured seconds over its warm-up seconds. Whatever else runs on
+    the machine slows every depth alike, so it moves `load`, not the ranking
+    of the depths. (A running mean per depth let a busy spell of plain steps
+    make the untried drafting depths look cheap; the engine then switched
+    back and forth, paying catch-ups at each switch: 0.92x plain at
+    concurrency 4 on two cores. So did keeping the least time each depth had
+    taken: the depth run most, on a machine shared with other work, got the
+    luckiest minimum. And the warm-up once timed every step with the filters
+    on, as its rows asked for them: drafting looked 15-40% dearer against
+    plain than it is for greedy rows, and the engine stayed plain at 4 rows
+    where drafting 2 tokens ran 1.1-1.2x faster.)
     A step at depth d emits 1 + accept[0] + ... + accept[d-1] tokens a row,
     where accept[i] is the share of rows that accepted more than i drafts at
     the steps that drafted past position i (a chain cut to d tokens accepts
@@ -528,16 +554,17 @@ class _DraftPolicy:
     drafting goes on once started, so that cost is spread over the tokens the
     rows have left (`horizon`). While a shallower depth wins, a deepest step
     measures every position again after `probe` of them, then after twice as
-    many each time (up to 8x), unless it would lose even if every draft were accepted and its
-    catch-up were paid by its own tokens (on two AVX2 cores, at concurrency 4,
-    probes that paid about 10 catch-up calls each ran 0.92-0.93x plain).
+    many each time (up to 8x), unless it would lose even if every draft were
+    accepted and its catch-up were paid by its own tokens (on two AVX2 cores,
+    at concurrency 4, probes that paid about 10 catch-up calls each ran
+    0.92-0.93x plain).
     """
 
-    def __init__(self, costs: dict[tuple[int, int | str], float], deepest: int, probe: int = 16,
-                 keep: float = 0.8, decay: float = 0.95):
-        self.base = dict(costs)
+    def __init__(self, costs: dict[tuple, float], deepest: int, probe: int = 16, keep: float = 0.8,
+                 decay: float = 0.95):
+        self.base = dict(costs)  # {(rows, depth, filtered): s, (rows, "catch_up"): s}: SlotEngine._warm_up's
         self.load = 1.0
-        self.depths = sorted({d for _, d in costs if d != "catch_up"})
+        self.depths = sorted({k[1] for k in costs if k[1] != "catch_up"})
         self.deepest, self.probe, self.keep, self.decay = deepest, probe, keep, decay
         self._hits, self._trials = [0.0] * deepest, [0.0] * deepest
         self._shallow_run, self._wait = 0, probe
@@ -550,21 +577,23 @@ class _DraftPolicy:
         """Expected tokens a row from a step at `depth`."""
         return 1.0 + sum(self.accept[:depth])
 
-    def seconds(self, rows: int, depth: int | str) -> float:
-        """Expected seconds of a step (or a catch-up call) over `rows` rows, at the present load."""
-        return self.load * self.base[rows, depth]
+    def seconds(self, rows: int, depth: int | str, filtered: bool = False) -> float:
+        """Expected seconds of a step (or a catch-up call) over `rows` rows, at the present load;
+        `filtered`: some row asks for top-k or top-p."""
+        return self.load * self.base[(rows, depth) if depth == "catch_up" else (rows, depth, filtered)]
 
     def seconds_per_token(self, rows: int, depth: int, catch_up_calls: int = 0, horizon: float = 1.0,
-                          tokens: float | None = None) -> float:
+                          tokens: float | None = None, filtered: bool = False) -> float:
         """A row's expected seconds per token at `depth` (tokens: as if each step emitted that many)."""
-        per_step = self.seconds(rows, depth) / (self.tokens(depth) if tokens is None else tokens)
+        per_step = self.seconds(rows, depth, filtered) / (self.tokens(depth) if tokens is None else tokens)
         return per_step + (catch_up_calls * self.seconds(rows, "catch_up") / horizon
                            if depth and catch_up_calls else 0.0)
 
-    def choose(self, rows: int, catch_up_calls: int = 0, horizon: float = 1.0) -> int:
+    def choose(self, rows: int, catch_up_calls: int = 0, horizon: float = 1.0, filtered: bool = False) -> int:
         """The depth of the next step over `rows` rows, whose drafter is `catch_up_calls` behind
-        and which have `horizon` tokens left on average."""
-        cost = partial(self.seconds_per_token, rows, catch_up_calls=catch_up_calls, horizon=horizon)
+        and which have `horizon` tokens left on average (`filtered`: as in `seconds`)."""
+        cost = partial(self.seconds_per_token, rows, catch_up_calls=catch_up_calls, horizon=horizon,
+                       filtered=filtered)
         best = min(self.depths, key=cost)
         if best == self.deepest:
             self._shallow_run, self._wait = 0, self.probe
@@ -578,14 +607,20 @@ class _DraftPolicy:
         self._shallow_run, self._wait = 0, min(2 * self._wait, 8 * self.probe)
         return self.deepest
 
-    def observe(self, rows: int, depth: int, seconds: float, counts: list[int]) -> None:
+    def observe(self, rows: int, depth: int, seconds: float, counts: list[int], filtered: bool = False) -> None:
         """A step at `depth` took `seconds`; `counts`: new tokens of each row that emitted any."""
-        self.load = self.keep * self.load + (1 - self.keep) * seconds / self.base[rows, depth]
+        self.load = self.keep * self.load + (1 - self.keep) * seconds / self.base[rows, depth, filtered]
         self._hits = [self.decay * h for h in self._hits]
         self._trials = [self.decay * t for t in self._trials]
         for i in range(depth if counts else 0):
             self._hits[i] += sum(c - 1 > i for c in counts)
             self._trials[i] += len(counts)
+
+
+def _filters(s: Sampling, vocab_size: int) -> bool:
+    """Whether a request's row makes a step run the top-k or top-p filter (`process_logits`)."""
+    c = _config(s)
+    return 0 < c.top_k < vocab_size or c.top_p < 1.0
 
 
 def _params(s: Sampling) -> SamplingParams:

@@ -14,9 +14,11 @@ import threading
 import urllib.request
 
 import jax
+import numpy as np
 import openai
 import pytest
 
+import eagle_jax.generate
 from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
@@ -263,6 +265,9 @@ def test_new_sampling_settings_compile_nothing(served):
         # A row samples from its own key: what it would sample alone.
         _check_alone(gen, PROMPTS[i], 12, text, done, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                      seed=[(s.seed, s.seed_stream)])
+    # The slots, free again, ask for no filter: a free row makes no later step run top-k / top-p.
+    free = jax.tree.map(np.asarray, engine._state.sampling)
+    assert (free.temperature == 0).all() and (free.top_k == 0).all() and (free.top_p == 1).all()
 
 
 def test_more_requests_than_slots_queue_and_complete(plain):
@@ -347,11 +352,11 @@ class _Cycle:
     def __init__(self, deepest):
         self.order, self.n, self.seen = [deepest, 0, 1], 0, []
 
-    def choose(self, rows, catch_up_calls, horizon):
+    def choose(self, rows, catch_up_calls, horizon, filtered):
         self.n += 1
         return self.order[self.n % 3]
 
-    def observe(self, rows, depth, seconds, counts):
+    def observe(self, rows, depth, seconds, counts, filtered):
         self.seen.append((rows, depth, counts))
 
 
@@ -371,7 +376,8 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
     gen, engine = adaptive
     assert engine.lc.catch_up_width and engine.info()["adaptive"]
     # The warm-up's step times, as the policy weighs them: every row bucket at every depth, and its catch-up.
-    kinds = [0, *_depths(gen.spec.depth), "catch_up"]
+    depths = [0, *_depths(gen.spec.depth)]
+    kinds = [*depths, "catch_up", *(f"{d}+filter" for d in depths)]  # with top-k / top-p rows too
     assert engine.info()["step_ms"].keys() == {f"{r}x{k}" for r in engine.row_buckets for k in kinds}
     assert all(ms > 0 for ms in engine.info()["step_ms"].values())
     policy = _Cycle(gen.spec.depth)
@@ -400,7 +406,7 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
 class _Deepest(_Cycle):
     """A draft policy that always drafts at the deepest depth, counting its calls."""
 
-    def choose(self, rows, catch_up_calls, horizon):
+    def choose(self, rows, catch_up_calls, horizon, filtered):
         self.n += 1
         return self.order[0]
 
@@ -488,6 +494,21 @@ def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_targe
     assert catch_ups == -(-len(_ids(gen, PROMPTS[4])) // engine.lc.catch_up_width)
 
 
+def test_disable_by_batch_size_auto_leaves_an_adaptive_engine_uncapped(chain, monkeypatch):
+    """Where "auto" caps speculation at 1 row (AVX-512), the adaptive engine drafts at any row count
+    its policy finds paying; a fixed-depth engine keeps the cap."""
+    gen, _ = chain
+    monkeypatch.setattr(eagle_jax.generate, "default_disable_by_batch_size", lambda: 1)
+    assert gen.spec.disable_by_batch_size == "auto" and gen.disable_by_batch_size == 1
+    for adaptive, cap in ((True, None), (False, 1)):
+        engine = SlotEngine(gen, slots=2, max_len=256, prefill_chunk=CHUNK, adaptive=adaptive)
+        try:
+            assert engine.lc.speculative and engine.info()["disable_by_batch_size"] == cap
+            assert engine.info()["adaptive"] == adaptive
+        finally:
+            engine.close()
+
+
 def test_fitting_max_len_is_the_least_that_holds_prompt_and_answer(tree):
     """The tree engine (max_len 256) holds exactly context_limit tokens a row: fitting_max_len
     gives 256 for a prompt and answer of that length, and more for one token more."""
@@ -505,7 +526,8 @@ def test_fitting_max_len_holds_the_last_prefill_chunk_whole(plain):
 
 
 def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
-    costs = {(1, 0): 0.020, (1, 1): 0.025, (1, 2): 0.032, (4, 0): 0.030, (4, 1): 0.060, (4, 2): 0.085}
+    costs = {(1, 0, False): 0.020, (1, 1, False): 0.025, (1, 2, False): 0.032,
+             (4, 0, False): 0.030, (4, 1, False): 0.060, (4, 2, False): 0.085}
     policy = _DraftPolicy(costs, deepest=2, probe=4)
     assert policy.accept == [0.5, 0.5]  # nothing measured: Laplace's prior
     policy.observe(4, 2, 0.090, [3, 2, 1, 2])  # 3 of 4 rows accepted past position 0, 1 of 4 past position 1
@@ -513,7 +535,7 @@ def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
     # 4 rows: 1 / 30 ms, 1.67 / 60 ms, 2 / 85 ms (3 / 85 ms if all were accepted); 1 row: 1 / 20, 1.67 / 25, 2 / 32.
     assert [policy.choose(4) for _ in range(12)] == [0, 0, 0, 2] + [0] * 7 + [2]  # probes after 4, then 8
     assert policy.choose(1) == 1
-    slow = _DraftPolicy({(16, 0): 0.060, (16, 2): 0.200}, deepest=2, probe=4)  # 3 / 200 ms < 1 / 60 ms
+    slow = _DraftPolicy({(16, 0, False): 0.060, (16, 2, False): 0.200}, deepest=2, probe=4)  # 3/200 ms < 1/60 ms
     assert [slow.choose(16) for _ in range(12)] == [0] * 12  # no probe can pay: none is made
     policy.observe(4, 0, 0.200, [1, 1])  # a plain step runs slow (the machine is busy): every depth slows
     assert policy.load == pytest.approx(0.8 * (0.8 + 0.2 * 0.090 / 0.085) + 0.2 * 0.200 / 0.030)
@@ -526,8 +548,21 @@ def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
     assert policy.accept[1] > 0.85
 
 
+def test_draft_policy_weighs_the_step_times_of_filtering_rows_apart():
+    """Top-k / top-p filters run only in steps where some row asks for them, and cost a drafting
+    step (more positions) more than a plain one: the policy weighs the times that apply."""
+    costs = {(4, 0, False): 0.053, (4, 2, False): 0.075, (4, 0, True): 0.060, (4, 2, True): 0.110}
+    policy = _DraftPolicy(costs, deepest=2, probe=1000)
+    for _ in range(10):
+        policy.observe(4, 2, 0.075, [2, 2, 1, 2])  # 1.75 tokens a step
+    assert policy.choose(4) == 2  # 75 ms / 1.75 beats 53 ms
+    assert policy.choose(4, filtered=True) == 0  # 110 ms / 1.75 loses to 60 ms
+    policy.observe(4, 2, 0.220, [2, 2, 1, 2], filtered=True)  # twice its filtered time: the machine is busy
+    assert policy.load == pytest.approx(0.8 + 0.2 * 2)
+
+
 def test_draft_policy_probes_only_where_a_probe_with_its_catch_up_could_win():
-    costs = {(4, 0): 0.044, (4, 1): 0.072, (4, 3): 0.122, (4, "catch_up"): 0.0125}
+    costs = {(4, 0, False): 0.044, (4, 1, False): 0.072, (4, 3, False): 0.122, (4, "catch_up"): 0.0125}
     policy = _DraftPolicy(costs, deepest=3, probe=2)
     for _ in range(10):
         policy.observe(4, 1, 0.072, [2, 1, 1, 2])  # half the first drafts accepted: plain wins
@@ -540,7 +575,7 @@ def test_draft_policy_probes_only_where_a_probe_with_its_catch_up_could_win():
 def test_draft_policy_tries_drafting_again_after_a_plain_spell():
     """Rows that accepted nothing make one row plain; the counts age over the plain steps that
     follow, back towards the prior, until drafting wins again (new rows may accept more)."""
-    policy = _DraftPolicy({(1, 0): 0.020, (1, 1): 0.026}, deepest=1, probe=1000)
+    policy = _DraftPolicy({(1, 0, False): 0.020, (1, 1, False): 0.026}, deepest=1, probe=1000)
     for _ in range(20):
         policy.observe(1, 1, 0.026, [1])  # no draft accepted: 1 token / 26 ms
     assert policy.choose(1) == 0
@@ -552,7 +587,8 @@ def test_draft_policy_tries_drafting_again_after_a_plain_spell():
 
 
 def test_draft_policy_spreads_a_catch_up_over_the_tokens_left():
-    policy = _DraftPolicy({(1, 0): 0.020, (1, 1): 0.025, (1, "catch_up"): 0.010}, deepest=1, probe=1000)
+    policy = _DraftPolicy({(1, 0, False): 0.020, (1, 1, False): 0.025, (1, "catch_up"): 0.010}, deepest=1,
+                          probe=1000)
     for _ in range(20):
         policy.observe(1, 1, 0.025, [2])  # every draft accepted: about 1.95 tokens a step
     assert policy.choose(1) == 1  # level: 1.95 tokens / 25 ms beats 1 / 20 ms

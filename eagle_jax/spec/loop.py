@@ -440,8 +440,15 @@ def insert(state: DecodeState, row: DecodeState, slot) -> DecodeState:
 
 
 def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
-    """Mark rows [B] bool done: they emit nothing more (a stop string, a cancellation)."""
-    return state.replace(done=state.done | rows)
+    """Mark rows [B] bool done: they emit nothing more (a stop string, a cancellation, or
+    the row ended and its slot is free). Their sampling turns greedy with no filter, so a
+    free slot does not make every step run the top-k / top-p filters (`process_logits`
+    runs each only where some row of the step asks for it)."""
+    s = state.sampling
+    if s is not None:
+        s = SamplingParams(temperature=jnp.where(rows, 0.0, s.temperature), top_k=jnp.where(rows, 0, s.top_k),
+                           top_p=jnp.where(rows, 1.0, s.top_p))
+    return state.replace(done=state.done | rows, sampling=s)
 
 
 prefill_jit = jax.jit(prefill, static_argnames=("lc", "out_width"), donate_argnames=("tcache", "dcache"))
