@@ -91,7 +91,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
         if not sampled_chain:
             scores, ids = jax.lax.top_k(logp, k)
             return scores, ids, None
-        q_draft = probabilities(logits, sampling)
+        q_draft = probabilities(logits, sampling, impl=impl)
         ids = sample_probs(level_key, q_draft)[..., None]
         q_full = jnp.zeros(logits.shape[:-1] + vocab.t2d.shape, jnp.float32).at[..., target_ids].set(q_draft)
         return jnp.take_along_axis(logp, ids, axis=-1), ids, q_full

@@ -52,7 +52,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingP
             path.append(cur)
         return jnp.stack(path, 1), accepted, choice[rows, cur]
 
-    probs = probabilities(target_logits, sampling)  # [B, N, V]
+    probs = probabilities(target_logits, sampling, impl=impl)  # [B, N, V]
     p = probs[:, 0]
     draws = split_keys(keys, depth * width + 1)  # [n, B, 2]
     for level in range(depth):

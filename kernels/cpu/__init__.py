@@ -25,6 +25,11 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
   copy of the whole table).
 * `argmax(x)`: the first maximal index of each float32 row: a vectorised max,
   then a scan that stops at that index (the XLA path reduces the whole row twice).
+* `kth_largest_key(x, k)`, `top_p_cut_key(probs, p)`: the thresholds of the
+  top-k and top-p sampling filters as order keys: the XLA path's bisection,
+  each step a vectorised pass over the row's keys (both filters over 4 x 3
+  rows of 49,152 logits: 29.9 -> 5.5 ms on one Xeon core; a 4-row step
+  drafting 2 tokens then costs 7% more filtered than greedy, against 48%).
 
 None of these has a gradient rule: they serve decoding; training runs XLA.
 
@@ -141,7 +146,8 @@ def _load() -> None:
                              ("eagle_attention", lib.EagleAttention),
                              ("eagle_cache_write", lib.EagleCacheWrite),
                              ("eagle_cache_compact", lib.EagleCacheCompact), ("eagle_embed", lib.EagleEmbed),
-                             ("eagle_argmax", lib.EagleArgmax)):
+                             ("eagle_argmax", lib.EagleArgmax), ("eagle_kth_largest", lib.EagleKthLargest),
+                             ("eagle_top_p_cut", lib.EagleTopPCut)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
         _state["lib"] = lib
 
@@ -427,3 +433,26 @@ def argmax(x):
     """x [..., V] float32 -> [...] int32: the first maximal index (V - 1 for a row holding a NaN)."""
     require()
     return jax.ffi.ffi_call("eagle_argmax", jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32))(x.astype(jnp.float32))
+
+
+# ---------------------------------------------------------------------------
+# Sampling filter thresholds (eagle_jax.spec.sampling)
+# ---------------------------------------------------------------------------
+
+
+def kth_largest_key(x, k):
+    """x [..., V] float32, k [...] int32 -> [...] uint32: the order key
+    (`sampling._ordered`) of each row's k-th largest value; 0, below every
+    key, where k <= 0 or k >= V (the filter is off)."""
+    require()
+    out = jax.ShapeDtypeStruct(x.shape[:-1], jnp.uint32)
+    return jax.ffi.ffi_call("eagle_kth_largest", out)(x.astype(jnp.float32), k.astype(jnp.int32))
+
+
+def top_p_cut_key(probs, p):
+    """probs [..., V] float32, p [...] float32 -> [...] uint32: the order key of
+    the smallest probability whose strictly larger ones hold less than p of the
+    row's mass (ties kept together); 0 where p >= 1 or the row holds less than p."""
+    require()
+    out = jax.ShapeDtypeStruct(probs.shape[:-1], jnp.uint32)
+    return jax.ffi.ffi_call("eagle_top_p_cut", out)(probs.astype(jnp.float32), p.astype(jnp.float32))

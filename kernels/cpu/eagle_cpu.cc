@@ -28,6 +28,9 @@
 //   eagle_embed      rows of an embedding table (XLA:CPU gathers a bf16 row
 //                    from an f32 copy of the whole table).
 //   eagle_argmax     the first maximal index of each f32 row (greedy tokens).
+//   eagle_kth_largest, eagle_top_p_cut
+//                    the thresholds of the top-k and top-p sampling filters:
+//                    the XLA path's bisection, each step one vectorised pass.
 //
 // Determinism: every output element is reduced in an order that depends on
 // neither M (matmul) nor on whether a key sits in the cache or among the new
@@ -1329,6 +1332,125 @@ ffi::Error ArgmaxImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Result
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------
+// Sampling filter thresholds
+// ---------------------------------------------------------------------------
+//
+// Both return, per row, an order key (the float's bits mapped so that
+// unsigned order is float order, as eagle_jax.spec.sampling._ordered does);
+// the caller keeps the elements whose key is at or above it. Each runs the
+// XLA path's bisection over the keys, with the same predicate (top-p's mass
+// summed in another order, so a token within rounding of p may go either
+// way), every step a vectorised pass over the row's keys, which stay in L2
+// between steps: 5-6x faster than XLA:CPU's reductions.
+
+inline uint32_t order_key(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b ^ (uint32_t(int32_t(b) >> 31) | 0x80000000u);
+}
+
+// keys[i] = order_key(row[i]) for i < V, padded with 0 (below every key) to a whole vector.
+void order_keys(const float* row, int64_t V, std::vector<uint32_t>& keys) {
+  keys.assign(size_t((V + kLanes - 1) / kLanes * kLanes), 0u);
+  for (int64_t i = 0; i < V; ++i) keys[i] = order_key(row[i]);
+}
+
+// The smallest t in (lo, hi] with ok(t), for ok false at lo, true at hi and monotone.
+template <typename Ok>
+uint32_t bisect(uint32_t lo, uint32_t hi, Ok ok) {
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (ok(mid)) hi = mid; else lo = mid;
+  }
+  return hi;
+}
+
+// The number of keys >= t (t >= 1: the padding keys are 0).
+int64_t count_at_least(const std::vector<uint32_t>& keys, uint32_t t) {
+  vi acc{};
+  const vu vt = vu{} + t;
+  for (size_t i = 0; i < keys.size(); i += kLanes) {
+    vu k;
+    std::memcpy(&k, keys.data() + i, sizeof(k));
+    acc -= (vi)(k >= vt);
+  }
+  int64_t n = 0;
+  for (int l = 0; l < kLanes; ++l) n += acc[l];
+  return n;
+}
+
+// The mass of the values whose key is > t (padding: keys 0, never above t).
+float mass_above(const std::vector<uint32_t>& keys, const float* probs, int64_t V, uint32_t t) {
+  vf acc{};
+  const vu vt = vu{} + t;
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    vu k;
+    std::memcpy(&k, keys.data() + i, sizeof(k));
+    acc += (vf)((vi)load(probs + i) & (vi)(k > vt));
+  }
+  float m = 0.0f;
+  for (int l = 0; l < kLanes; ++l) m += acc[l];
+  for (; i < V; ++i) m += keys[i] > t ? probs[i] : 0.0f;
+  return m;
+}
+
+uint32_t max_key(const std::vector<uint32_t>& keys) {
+  return *std::max_element(keys.begin(), keys.end());
+}
+
+// The key of the k-th largest value of row[0, V), for 1 <= k < V.
+uint32_t kth_largest_key(const float* row, int64_t V, int64_t k, std::vector<uint32_t>& keys) {
+  order_keys(row, V, keys);
+  // One above the k-th largest key: the smallest t with fewer than k keys >= t.
+  return bisect(0u, max_key(keys) + 1u, [&](uint32_t t) { return count_at_least(keys, t) < k; }) - 1u;
+}
+
+// The key t of the smallest probability kept by top-p: the smallest t whose
+// mass above (of the keys > t) is below p; tied values are kept or dropped together.
+uint32_t top_p_cut_key(const float* probs, int64_t V, float p, std::vector<uint32_t>& keys) {
+  order_keys(probs, V, keys);
+  return bisect(order_key(0.0f), max_key(keys), [&](uint32_t t) { return mass_above(keys, probs, V, t) < p; });
+}
+
+// out[r] = the key of row r's k[r]-th largest value; 0 (below every key) where
+// k[r] <= 0 or k[r] >= V.
+ffi::Error KthLargestImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> k,
+                          ffi::Result<ffi::Buffer<ffi::U32>> out) {
+  auto d = x.dimensions();
+  if (d.size() == 0 || d.back() < 1 || k.element_count() != out->element_count() ||
+      out->element_count() * size_t(d.back()) != x.element_count())
+    return ffi::Error::InvalidArgument("eagle_kth_largest: x must be [..., V], k and out [...]");
+  const int64_t V = d.back();
+  const float* xp = x.typed_data();
+  const int32_t* kp = k.typed_data();
+  uint32_t* op = out->typed_data();
+  parallel_for(pool, int64_t(out->element_count()), [&](int64_t r) {
+    thread_local std::vector<uint32_t> keys;
+    op[r] = (kp[r] <= 0 || kp[r] >= V) ? 0u : kth_largest_key(xp + r * V, V, kp[r], keys);
+  });
+  return ffi::Error::Success();
+}
+
+// out[r] = the top-p cut key of row r of probabilities (top_p_cut_key); 0 (keep all) where p[r] >= 1.
+ffi::Error TopPCutImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> probs, ffi::Buffer<ffi::F32> p,
+                       ffi::Result<ffi::Buffer<ffi::U32>> out) {
+  auto d = probs.dimensions();
+  if (d.size() == 0 || d.back() < 1 || p.element_count() != out->element_count() ||
+      out->element_count() * size_t(d.back()) != probs.element_count())
+    return ffi::Error::InvalidArgument("eagle_top_p_cut: probs must be [..., V], p and out [...]");
+  const int64_t V = d.back();
+  const float* pp = probs.typed_data();
+  const float* p_row = p.typed_data();
+  uint32_t* op = out->typed_data();
+  parallel_for(pool, int64_t(out->element_count()), [&](int64_t r) {
+    thread_local std::vector<uint32_t> keys;
+    op[r] = p_row[r] >= 1.0f ? 0u : top_p_cut_key(pp + r * V, V, p_row[r], keys);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleArgmax, ArgmaxImpl,
@@ -1407,3 +1529,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleCacheCompact, CacheCompactImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleKthLargest, KthLargestImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleTopPCut, TopPCutImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>());

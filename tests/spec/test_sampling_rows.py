@@ -1,9 +1,11 @@
 """Per-row sampling settings: arrays of one compiled program (the serving issue).
 
 Claims checked:
-* the sort-free top-k / top-p filter (a bisection over the float order) keeps
+* the sort-free top-k / top-p filters (the XLA path's bisection over the
+  float order, and the native kernels' histogram and in-bucket select) keep
   exactly the tokens the sort-based rule keeps, row by row, for a batch whose
-  rows ask for different temperatures, top-k and top-p;
+  rows ask for different temperatures, top-k and top-p, and at the target's
+  vocabulary size on peaked, flat and heavily tied rows;
 * tied tokens at a top-k or top-p boundary are kept or dropped together;
 * in one batch mixing settings (and a greedy row), every row samples exactly
   what it samples alone with the same seed, plain, chain and tree; the greedy
@@ -20,6 +22,7 @@ import pytest
 from scipy import stats
 
 from eagle_jax.config import SamplingConfig, SpecConfig
+from eagle_jax.kernels import cpu
 from eagle_jax.generate import Generator, PromptError
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, process_logits, row_keys, sample_probs
@@ -28,42 +31,83 @@ from spec_helpers import random_prompts, tiny_drafter, tiny_target
 
 
 def _sorted_rule(x, temperature, top_k, top_p):
-    """One row by a full sort (the rule before per-row settings)."""
-    x = x / temperature
+    """One row by a full sort, in float64 -> (logits kept, -inf elsewhere;
+    each token's distance from the top-p boundary: |mass strictly above - p|,
+    inf without top-p). Float32 sums over 49k tokens may round a token within
+    about 1e-5 of the boundary either way."""
+    x = x.astype(np.float64) / temperature
+    near = np.full(x.shape, np.inf)
     if 0 < top_k < x.shape[-1]:
         x = np.where(x < np.sort(x)[::-1][top_k - 1], -np.inf, x)
     if top_p < 1.0:
         order = np.argsort(-x, kind="stable")
         probs = np.exp(x[order] - x[order][0])
         probs /= probs.sum()
+        first = np.searchsorted(-x[order], -x[order], side="left")  # each token's first tie
+        above = (np.cumsum(probs) - probs)[first]
         keep = np.zeros(x.shape, bool)
-        keep[order] = np.cumsum(probs) - probs < top_p
+        keep[order] = above < top_p
+        near[order] = np.abs(above - top_p)
         x = np.where(keep, x, -np.inf)
-    return x
+    return x, near
 
+
+def _assert_same_kept(got, x, c, where):
+    """The filter kept what the sorted rule keeps, up to float32 rounding at the top-p boundary."""
+    want, near = _sorted_rule(x, c.temperature, c.top_k, c.top_p)
+    differ = np.isfinite(got) != np.isfinite(want)
+    assert np.all(near[differ] < 1e-5), f"{where}: {differ.sum()} tokens kept differently, away from the boundary"
+    kept = np.isfinite(want) & np.isfinite(got)
+    np.testing.assert_allclose(got[kept], want[kept], rtol=1e-6, err_msg=where)
+
+
+IMPLS = ["xla", pytest.param("native", marks=pytest.mark.skipif(not cpu.available(), reason="native kernels"))]
 
 ROWS = [SamplingConfig(0.7), SamplingConfig(1.0, top_k=5), SamplingConfig(0.5, top_p=0.9),
         SamplingConfig(1.3, top_k=50, top_p=0.8), SamplingConfig(0.9, top_k=1), SamplingConfig(2.0, top_p=0.3),
         SamplingConfig(1.0, top_k=999, top_p=0.999)]
 
 
-def test_filters_keep_what_the_sorted_rule_keeps():
+def _filter(x, rows, impl):
+    return np.asarray(jax.jit(lambda x, s: process_logits(x, s, impl=impl))(jnp.asarray(x), SamplingParams.rows(rows)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_filters_keep_what_the_sorted_rule_keeps(impl):
     rng = np.random.default_rng(0)
     x = (3 * rng.standard_normal((len(ROWS), 3, 1000))).astype(np.float32)
-    got = np.asarray(jax.jit(process_logits)(jnp.asarray(x), SamplingParams.rows(ROWS)))
+    got = _filter(x, ROWS, impl)
     for b, c in enumerate(ROWS):
         for r in range(3):
-            want = _sorted_rule(x[b, r], c.temperature, c.top_k, c.top_p)
-            np.testing.assert_array_equal(np.isfinite(got[b, r]), np.isfinite(want), err_msg=f"row {b}.{r}")
-            kept = np.isfinite(want)
-            np.testing.assert_allclose(got[b, r][kept], want[kept], rtol=1e-6)
+            _assert_same_kept(got[b, r], x[b, r], c, f"row {b}.{r}")
     assert [int(np.isfinite(got[b, 0]).sum()) for b in (1, 4)] == [5, 1]
 
 
-def test_ties_at_a_boundary_are_kept_together():
-    x = jnp.asarray([[3.0, 2.0, 2.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0, -5.0]])
-    params = SamplingParams.rows([SamplingConfig(1.0, top_k=2), SamplingConfig(1.0, top_p=0.3)])
-    kept = np.isfinite(np.asarray(process_logits(x, params)))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_filters_at_the_vocabulary_size_on_peaked_flat_and_tied_rows(impl):
+    """49,152 logits a row: the native kernels' histogram buckets then hold
+    thousands of members (flat rows), whole runs of equal values (rounded
+    rows) and -inf entries (a row top-k filtered before top-p)."""
+    rng = np.random.default_rng(1)
+    v = 49152
+    peaked = 6 * rng.standard_normal(v)
+    flat = 0.3 * rng.standard_normal(v)
+    tied = np.round(2 * rng.standard_normal(v)) / 2  # 20-odd distinct values
+    holes = np.where(rng.random(v) < 0.5, -np.inf, 2 * rng.standard_normal(v))
+    x = np.stack([peaked, flat, tied, holes, flat, tied, -peaked])[:, None].astype(np.float32)
+    rows = [SamplingConfig(1.0, top_k=40, top_p=0.9), SamplingConfig(1.0, top_p=0.95),
+            SamplingConfig(1.0, top_p=0.5), SamplingConfig(0.7, top_k=3000, top_p=0.8),
+            SamplingConfig(1.0, top_k=20000), SamplingConfig(1.0, top_k=7), SamplingConfig(1.0, top_k=v - 1)]
+    got = _filter(x, rows, impl)
+    for b, c in enumerate(rows):
+        _assert_same_kept(got[b, 0], x[b, 0], c, f"row {b}")
+    assert 1 < np.isfinite(got[2, 0]).sum() < v  # the tied row's cut falls inside a run of ties
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ties_at_a_boundary_are_kept_together(impl):
+    x = np.asarray([[3.0, 2.0, 2.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0, -5.0]], np.float32)
+    kept = np.isfinite(_filter(x, [SamplingConfig(1.0, top_k=2), SamplingConfig(1.0, top_p=0.3)], impl))
     assert kept.tolist() == [[True, True, True, False, False], [True, True, True, True, False]]
 
 
