@@ -14,6 +14,10 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
 * `matmul(x, pw)`: x [..., K] -> float32 [..., N]; x is cast to the
   weight's dtype (bf16 x bf16 products are exact in f32; accumulation f32);
   optionally with an RMSNorm of x first and a residual add or SwiGLU after.
+  bf16 runs on AMX tiles where the CPU has them (`amx()`; Intel Sapphire
+  Rapids and later): measured on a Xeon (Emerald Rapids), one core, SmolLM2
+  bf16, the slot engine's warm-up steps: a plain step 24.4 -> 21.8 ms, a
+  step drafting 3 tokens 44.0 -> 27.9 ms, 4 rows plain 37.0 -> 23.3 ms.
 * `attention(...)`: the fused q/k/v projection of T new tokens, rotated in
   the kernel (RoPE, Qwen3's q/k norms), over the committed slots of one layer
   of a [L, B, Hkv, S, D] cache (or those a per-query slot mask shows) plus the
@@ -66,6 +70,7 @@ COLS = 64  # columns per packed tile (eagle_cpu.cc kCols)
 # measured on a 179-token prompt (padded to 256), bf16, one core: attention
 # 220 -> 71 ms of a 0.53 -> 0.43 s prefill.
 MAX_ATTENTION_TOKENS = 512
+AMX_ENV = "EAGLE_JAX_CPU_AMX"
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
@@ -149,7 +154,18 @@ def _load() -> None:
                              ("eagle_argmax", lib.EagleArgmax), ("eagle_kth_largest", lib.EagleKthLargest),
                              ("eagle_top_p_cut", lib.EagleTopPCut)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
+        _state["amx"] = bool(lib.EagleAmxAvailable()) and os.environ.get(AMX_ENV, "1") != "0"
         _state["lib"] = lib
+
+
+def amx() -> bool:
+    """Whether bf16 matmuls run on AMX tiles (Intel Sapphire Rapids and later,
+    Linux 5.16+), for every call of this process: tiles and vectors round
+    their sums differently, and the greedy equivalence rests on a verify
+    step's rows equalling single-token steps bit for bit. $EAGLE_JAX_CPU_AMX=0
+    keeps the AVX-512 vectors (read when the library loads)."""
+    _load()
+    return _state.get("amx", False)
 
 
 def available() -> bool:
@@ -333,7 +349,7 @@ def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps:
     out = jax.ShapeDtypeStruct((x2.shape[0], n_out), out_dtype)
     epilogue = "swiglu" if swiglu else "plain" if residual is None else "residual"
     attrs = {"eps": np.float32(eps), "epilogue": np.int32(EPILOGUES[epilogue]),
-             "segments": np.int32(segments)}
+             "segments": np.int32(segments), "amx": np.int32(pw.dtype == jnp.bfloat16 and amx())}
     if _POISON_OUTPUT is None:
         y = jax.ffi.ffi_call("eagle_matmul", out)(x2, pw.data, gamma, res, **attrs)
     else:

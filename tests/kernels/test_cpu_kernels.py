@@ -3,7 +3,8 @@
 matmul against a float64 NumPy product on awkward shapes (M 1..33, K and N
 off the 64-column tile and odd K for bf16 pairs), with the output poisoned
 so an unwritten element shows; the row-independence the greedy equivalence
-rests on (each row bit-for-bit what a single-row call gives); attention,
+rests on (each row bit-for-bit what a single-row call gives); each on the
+AVX vectors and, where the CPU has them, on AMX tiles; attention,
 with its q/k split, RoPE and Qwen3 norms, against the model's XLA path,
 including the property that a key scores the same as a new token as it
 later does from the cache; the in-place cache writes against the XLA
@@ -34,11 +35,22 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(cpu, "_POISON_OUTPUT", float("nan"))
 
 
+@pytest.fixture(params=["vectors", pytest.param("amx", marks=pytest.mark.skipif(
+    not (cpu.available() and cpu.amx()), reason="no AMX tiles in this process"))])
+def matmul_path(request, monkeypatch):
+    """The bf16 matmuls on AVX vectors, or on AMX tiles (a process uses one for every call;
+    the choice is made when a call is traced, so traces of the other path are dropped)."""
+    monkeypatch.setitem(cpu._state, "amx", request.param == "amx")
+    jax.clear_caches()
+    yield request.param
+    jax.clear_caches()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("m,k,n", [(1, 576, 960), (5, 576, 3072), (7, 1536, 576), (13, 40, 70),
                                    (33, 17, 130), (2, 1, 3), (6, 65, 64), (12, 7, 129), (32, 64, 1),
                                    (100, 96, 200)])  # a prefill's rows: tasks split each tile's rows
-def test_matmul_against_float64(poisoned, dtype, m, k, n):
+def test_matmul_against_float64(poisoned, dtype, m, k, n, matmul_path):
     rng = np.random.default_rng(m * 1000 + k + n)
     x = jnp.asarray(rng.standard_normal((m, k)), dtype)
     w = jnp.asarray(rng.standard_normal((k, n)), dtype)
@@ -96,7 +108,7 @@ def test_pack_weights_shares_one_block_and_matches_pack_weight():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_matmul_rows_do_not_depend_on_m(dtype):
+def test_matmul_rows_do_not_depend_on_m(dtype, matmul_path):
     """Row i of an M-row call equals the 1-row call on x[i], bit for bit, for every M."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((50, 576)), dtype)
@@ -124,7 +136,7 @@ def test_fused_norm_matmul_packed_equals_xla_reference():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("m,k,n,segments", [(1, 576, 960, 1), (5, 130, 200, 2), (17, 1152, 576, 2),
                                             (7, 48, 70, 3), (33, 64, 128, 1)])
-def test_fused_norm_and_residual_against_the_xla_path(poisoned, dtype, m, k, n, segments):
+def test_fused_norm_and_residual_against_the_xla_path(poisoned, dtype, m, k, n, segments, matmul_path):
     """The in-kernel RMSNorm rounds as the XLA path does (bf16: bit for bit but
     where f32 sums taken in another order round to the neighbouring value); the
     residual add is `h + round(x @ W)`."""
@@ -160,7 +172,7 @@ def _assert_bf16_rounds_alike(got, ref):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("m,k,f", [(1, 576, 1536), (6, 96, 64), (13, 130, 192), (49, 40, 128)])
-def test_fused_swiglu_against_float64(poisoned, dtype, m, k, f):
+def test_fused_swiglu_against_float64(poisoned, dtype, m, k, f, matmul_path):
     """silu(gate) * up from one call over [gate | up], against float64 math on
     the rounded factors (bf16: within one rounding of the output)."""
     rng = np.random.default_rng(m + k + f)
@@ -177,7 +189,7 @@ def test_fused_swiglu_against_float64(poisoned, dtype, m, k, f):
     np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=tol, atol=tol * 1e-2)
 
 
-def test_fused_paths_keep_rows_independent_of_m():
+def test_fused_paths_keep_rows_independent_of_m(matmul_path):
     """Norm, residual and SwiGLU rows of an M-row call equal 1-row calls bit for bit."""
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((9, 128)), jnp.bfloat16)
