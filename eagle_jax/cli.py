@@ -84,9 +84,9 @@ def _batch_limit(s: str) -> int | str | None:
 def add_disable_by_batch_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-by-batch-size", type=_batch_limit, default="auto", metavar="N|none|auto",
                    help="batches of more than N rows decode without speculation (same output); "
-                        "none: always speculate; auto (default): none on GPU/TPU, on CPU 1 with AVX-512 "
-                        "(none for the server's adaptive engine: its draft policy measures what pays), "
-                        "else never")
+                        "none: always speculate; auto (default): none on GPU/TPU, on CPU 4 with AMX tiles (bf16), "
+                        "1 with AVX-512 (none for the server's adaptive engine: its draft policy measures "
+                        "what pays), else never")
 
 
 def spec_from_args(args) -> SpecConfig:

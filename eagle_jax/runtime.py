@@ -23,8 +23,12 @@ def default_dtype() -> str:
 def default_disable_by_batch_size() -> int | None:
     """Above which batch size speculation is switched off by default (0: at
     every batch size). Never on GPU and TPU (reasoned, not measured: no
-    accelerator has been lent). On CPU, 1 where the native kernels run on
-    AVX-512: there a verify step over k+1 tokens costs 1.3-1.5 plain steps and
+    accelerator has been lent). On CPU, 4 where the native kernels run bf16 on
+    AMX tiles: there verifying costs little compute, and on a Xeon (one core)
+    chain k=2-3 ran at 1.45-1.46x plain at batch 2 and 1.44-1.45x at batch 4
+    (`speed-b4-amx-20261206-100538`); 16 rows are unmeasured with `generate`
+    (the server's adaptive engine stayed plain there). 1 where they run on
+    AVX-512 without tiles: there a verify step over k+1 tokens costs 1.3-1.5 plain steps and
     the shipped drafter ran at 1.2-1.3x plain at batch 1, while at batch 2 and
     4 every measured setting was slower than plain decoding (docs/benchmarks.md
     "Speculation by batch size"). 0 on other CPUs: on an AVX2-only Zen 2 EPYC
@@ -38,7 +42,11 @@ def default_disable_by_batch_size() -> int | None:
         return None
     from eagle_jax.kernels import cpu, resolve_impl
 
-    return 1 if resolve_impl("auto") == "native" and cpu.wide_vectors() else 0
+    if resolve_impl("auto") != "native":
+        return 0
+    if cpu.amx():
+        return 4
+    return 1 if cpu.wide_vectors() else 0
 
 
 def enable_compilation_cache(path: str | None = None) -> str | None:

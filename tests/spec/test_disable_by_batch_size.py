@@ -40,9 +40,11 @@ def test_none_always_speculates(tiny):
     assert gen.speculates(64) and not Generator(tcfg, tparams).speculates(1)
 
 
-@pytest.mark.parametrize("native, wide, limit", [(True, True, 1), (True, False, 0), (False, True, 0)])
-def test_auto_is_the_backend_default(tiny, monkeypatch, native, wide, limit):
-    """On CPU: batch 1 speculates with the native kernels on AVX-512 only; elsewhere nothing does."""
+@pytest.mark.parametrize("native, wide, amx, limit", [(True, True, True, 4), (True, True, False, 1),
+                                                      (True, False, False, 0), (False, True, True, 0)])
+def test_auto_is_the_backend_default(tiny, monkeypatch, native, wide, amx, limit):
+    """On CPU: batches up to 4 speculate with the native kernels on AMX tiles, batch 1 on AVX-512
+    vectors; elsewhere nothing does."""
     from eagle_jax import kernels
     from eagle_jax.kernels import cpu
 
@@ -50,10 +52,11 @@ def test_auto_is_the_backend_default(tiny, monkeypatch, native, wide, limit):
     assert eagle_jax.generate.default_disable_by_batch_size is runtime.default_disable_by_batch_size
     monkeypatch.setattr(kernels, "resolve_impl", lambda impl: "native" if native else "xla")
     monkeypatch.setattr(cpu, "wide_vectors", lambda: wide)
+    monkeypatch.setattr(cpu, "amx", lambda: amx)
     assert runtime.default_disable_by_batch_size() == limit  # the suite runs on CPU
     tcfg, tparams, d = tiny
     gen = Generator(tcfg, tparams, drafter=d)
-    assert gen.speculates(1) == (limit == 1) and not gen.speculates(2)
+    assert [gen.speculates(b) for b in (1, 2, 4, 5)] == [b <= limit for b in (1, 2, 4, 5)]
 
 
 def test_wide_vectors_reads_the_cpu_flags(monkeypatch):
