@@ -1527,41 +1527,44 @@ uint32_t top_p_cut_key(const float* probs, int64_t V, float p, std::vector<uint3
   return bisect(order_key(0.0f), max_key(keys), [&](uint32_t t) { return mass_above(keys, probs, V, t) < p; });
 }
 
+// out[r] = threshold(row r of x [..., V], V, setting[r], keys) for every row, rows in parallel.
+template <typename Setting, typename Threshold>
+ffi::Error row_thresholds(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& x, const Setting* setting,
+                          size_t settings, ffi::Result<ffi::Buffer<ffi::U32>>& out, const char* shapes_error,
+                          Threshold threshold) {
+  auto d = x.dimensions();
+  if (d.size() == 0 || d.back() < 1 || settings != out->element_count() ||
+      out->element_count() * size_t(d.back()) != x.element_count())
+    return ffi::Error::InvalidArgument(shapes_error);
+  const int64_t V = d.back();
+  const float* xp = x.typed_data();
+  uint32_t* op = out->typed_data();
+  parallel_for(pool, int64_t(out->element_count()), [&](int64_t r) {
+    thread_local std::vector<uint32_t> keys;
+    op[r] = threshold(xp + r * V, V, setting[r], keys);
+  });
+  return ffi::Error::Success();
+}
+
 // out[r] = the key of row r's k[r]-th largest value; 0 (below every key) where
 // k[r] <= 0 or k[r] >= V.
 ffi::Error KthLargestImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> k,
                           ffi::Result<ffi::Buffer<ffi::U32>> out) {
-  auto d = x.dimensions();
-  if (d.size() == 0 || d.back() < 1 || k.element_count() != out->element_count() ||
-      out->element_count() * size_t(d.back()) != x.element_count())
-    return ffi::Error::InvalidArgument("eagle_kth_largest: x must be [..., V], k and out [...]");
-  const int64_t V = d.back();
-  const float* xp = x.typed_data();
-  const int32_t* kp = k.typed_data();
-  uint32_t* op = out->typed_data();
-  parallel_for(pool, int64_t(out->element_count()), [&](int64_t r) {
-    thread_local std::vector<uint32_t> keys;
-    op[r] = (kp[r] <= 0 || kp[r] >= V) ? 0u : kth_largest_key(xp + r * V, V, kp[r], keys);
-  });
-  return ffi::Error::Success();
+  return row_thresholds(pool, x, k.typed_data(), k.element_count(), out,
+                        "eagle_kth_largest: x must be [..., V], k and out [...]",
+                        [](const float* row, int64_t V, int32_t k, std::vector<uint32_t>& keys) {
+                          return (k <= 0 || k >= V) ? 0u : kth_largest_key(row, V, k, keys);
+                        });
 }
 
 // out[r] = the top-p cut key of row r of probabilities (top_p_cut_key); 0 (keep all) where p[r] >= 1.
 ffi::Error TopPCutImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> probs, ffi::Buffer<ffi::F32> p,
                        ffi::Result<ffi::Buffer<ffi::U32>> out) {
-  auto d = probs.dimensions();
-  if (d.size() == 0 || d.back() < 1 || p.element_count() != out->element_count() ||
-      out->element_count() * size_t(d.back()) != probs.element_count())
-    return ffi::Error::InvalidArgument("eagle_top_p_cut: probs must be [..., V], p and out [...]");
-  const int64_t V = d.back();
-  const float* pp = probs.typed_data();
-  const float* p_row = p.typed_data();
-  uint32_t* op = out->typed_data();
-  parallel_for(pool, int64_t(out->element_count()), [&](int64_t r) {
-    thread_local std::vector<uint32_t> keys;
-    op[r] = p_row[r] >= 1.0f ? 0u : top_p_cut_key(pp + r * V, V, p_row[r], keys);
-  });
-  return ffi::Error::Success();
+  return row_thresholds(pool, probs, p.typed_data(), p.element_count(), out,
+                        "eagle_top_p_cut: probs must be [..., V], p and out [...]",
+                        [](const float* row, int64_t V, float p, std::vector<uint32_t>& keys) {
+                          return p >= 1.0f ? 0u : top_p_cut_key(row, V, p, keys);
+                        });
 }
 
 }  // namespace
