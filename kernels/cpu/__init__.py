@@ -15,9 +15,11 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
   weight's dtype (bf16 x bf16 products are exact in f32; accumulation f32);
   optionally with an RMSNorm of x first and a residual add or SwiGLU after.
   bf16 runs on AMX tiles where the CPU has them (`amx()`; Intel Sapphire
-  Rapids and later): measured on a Xeon (Emerald Rapids), one core, SmolLM2
-  bf16, the slot engine's warm-up steps: a plain step 24.4 -> 21.8 ms, a
-  step drafting 3 tokens 44.0 -> 27.9 ms, 4 rows plain 37.0 -> 23.3 ms.
+  Rapids and later): on a Xeon (Emerald Rapids), one core, SmolLM2 bf16, a
+  forward over 16 tokens went from 2.41x to 1.48x the one-token forward and
+  a chain k=3 step from 1.77x to 1.30x a plain step (`EAGLE_JAX_CPU_AMX=0`
+  / `1 eagle-jax bench --suite step-cost --quick --dtype bfloat16`,
+  `step_cost-quick-20261206-113420` / `-105926`).
 * `attention(...)`: the fused q/k/v projection of T new tokens, rotated in
   the kernel (RoPE, Qwen3's q/k norms), over the committed slots of one layer
   of a [L, B, Hkv, S, D] cache (or those a per-query slot mask shows) plus the
@@ -32,8 +34,8 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
 * `kth_largest_key(x, k)`, `top_p_cut_key(probs, p)`: the thresholds of the
   top-k and top-p sampling filters as order keys: the XLA path's bisection,
   each step a vectorised pass over the row's keys (both filters over 4 x 3
-  rows of 49,152 logits: 29.9 -> 5.5 ms on one Xeon core; a 4-row step
-  drafting 2 tokens then costs 7% more filtered than greedy, against 48%).
+  rows of 49,152 logits: 24.5 -> 4.0 ms on one Xeon core,
+  `python -P -m eagle_jax.benchmarks.filters`).
 
 None of these has a gradient rule: they serve decoding; training runs XLA.
 
