@@ -185,10 +185,9 @@ def prepare(cfg):
     from eagle_jax.train.trainer import build_drafter_config, init_source, load_init_drafter
 
     source = init_source(cfg)
-    if source:  # the starting drafter's vocabulary, whatever this data's frequencies say
+    if source:  # the starting drafter's vocabulary, widened by this data's most frequent ids if asked
         _, init_vocab = load_init_drafter(source, build_drafter_config(lt.cfg, cfg), lt.cfg)
-        t2d = np.asarray(init_vocab.t2d, bool)
-        d2t = np.asarray(init_vocab.d2t)
+        d2t, t2d = vocab_lib.widen_draft_vocab(init_vocab.d2t, freqs, vd, lt.cfg.vocab_size)
     else:
         d2t, t2d = vocab_lib.build_draft_vocab(freqs, vd, lt.cfg.vocab_size)
     vpath = out / "draft_vocab.npz"

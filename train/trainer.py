@@ -19,7 +19,9 @@ With ``init_from`` (a drafter checkpoint directory in any format
 ``load_drafter`` reads) a fresh run starts from that drafter's weights and
 keeps its draft vocabulary instead (`load_init_drafter`): fine-tuning a
 released drafter, or continuing one on new data. Its shape, variant and aux
-layers must equal the configured ones. ``resume_from`` (a committed training
+layers must equal the configured ones; a larger configured
+``draft_vocab_size`` widens its vocabulary (train/cli.py adds the most
+frequent ids of the data, `widen_lm_head` the target's head columns for them). ``resume_from`` (a committed training
 state, train/state.py) does the same with the state's drafter, continues the
 state's data cursor when the data order is the same, and adds the state's
 steps and token positions to the run's; ``export_state`` writes the run's
@@ -85,6 +87,7 @@ __all__ = [
     "build_drafter_config",
     "init_drafter_params",
     "load_init_drafter",
+    "widen_lm_head",
     "init_source",
     "make_optimizer",
     "make_train_step",
@@ -266,18 +269,23 @@ def init_drafter_params(dcfg: DrafterConfig, tcfg: TargetConfig, tparams, vocab:
 
 
 _INIT_FIELDS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
-                "draft_vocab_size", "target_hidden_size", "aux_layer_ids", "fc_norm", "norm_before_fc",
+                "target_hidden_size", "aux_layer_ids", "fc_norm", "norm_before_fc",
                 "norm_before_residual", "norm_output", "qkv_bias", "o_bias")
 
 
 def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: TargetConfig,
                       dtype=jnp.float32) -> tuple[dict, drafter.DraftVocab]:
-    """(params in `dtype`, draft vocab) of the drafter at `path`; ConfigError if it is not `dcfg`'s shape."""
+    """(params in `dtype`, draft vocab) of the drafter at `path`; ConfigError if it is not `dcfg`'s shape.
+
+    Its draft vocabulary may be smaller than `dcfg`'s: the run then widens it (`widen_lm_head`)."""
     from eagle_jax.convert.drafter_formats import load_drafter
 
     lcfg, params, vocab = load_drafter(path, tcfg, dtype=jnp.float32)
     diff = [f"{k} {getattr(lcfg, k)!r} (config: {getattr(dcfg, k)!r})" for k in _INIT_FIELDS
             if getattr(lcfg, k) != getattr(dcfg, k)]
+    if lcfg.draft_vocab_size > dcfg.draft_vocab_size:
+        diff.append(f"draft_vocab_size {lcfg.draft_vocab_size!r} (config: {dcfg.draft_vocab_size!r}; "
+                    "a draft vocabulary can be widened, not narrowed)")
     if diff:
         raise ConfigError(f"init_from {path}: the drafter there differs from the configured one: "
                           + "; ".join(diff))
@@ -285,6 +293,26 @@ def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: Target
         raise ConfigError(f"init_from {path}: the drafter carries its own embedding; training here "
                           "uses the target's (frozen) embedding")
     return jax.tree.map(lambda x: jnp.array(x, dtype, copy=True), params), vocab
+
+
+def widen_lm_head(params: dict, old: drafter.DraftVocab, new: drafter.DraftVocab, tcfg: TargetConfig,
+                  tparams) -> dict:
+    """`params` with ``lm_head`` [H, Vd_old] grown to `new`'s [H, Vd_new] (``train/vocab.py widen_draft_vocab``).
+
+    The columns of `old`'s ids are kept; an added id's column is the target's (as `init_drafter_params`
+    starts every column), so the widened drafter ranks the old ids exactly as before.
+    """
+    old_ids, new_ids = np.asarray(old.target_ids), np.asarray(new.target_ids)
+    if not np.isin(old_ids, new_ids).all():
+        raise ConfigError(f"the draft vocabulary given to the trainer ({len(new_ids)} ids) does not hold all "
+                          f"{len(old_ids)} of the starting drafter's: only a widened one can continue it")
+    head = params["lm_head"]
+    if head.shape[0] != tcfg.hidden_size:
+        raise ConfigError(f"cannot widen the draft vocabulary: the drafter's hidden size {head.shape[0]} is not "
+                          f"the target's {tcfg.hidden_size}, so the target's lm_head columns do not fit")
+    w = jnp.take(target.lm_head_weight(tparams, tcfg), jnp.asarray(new_ids), axis=1).astype(head.dtype)
+    w = w.at[:, jnp.asarray(np.searchsorted(new_ids, old_ids))].set(head)
+    return dict(params, lm_head=w)
 
 
 def init_source(cfg: TrainConfig) -> str | None:
@@ -538,6 +566,7 @@ class Trainer:
             self.feature_cache = features_lib.FeatureCache(
                 cfg.feature_cache_dir or (self.out / "features"), meta)
         self._mngr = None
+        self.widened = False  # set by init_state: the starting drafter's vocabulary was smaller
 
     # -------------------------------------------------------------- state and checkpoints
     def init_state(self) -> dict:
@@ -546,7 +575,10 @@ class Trainer:
         source = init_source(self.cfg)
         if source:
             params, vocab = load_init_drafter(source, self.dcfg, self.tcfg, self.param_dtype)
-            if not np.array_equal(np.asarray(vocab.target_ids), np.asarray(self.vocab.target_ids)):
+            self.widened = len(vocab.target_ids) < len(self.vocab.target_ids)
+            if self.widened:
+                params = widen_lm_head(params, vocab, self.vocab, self.tcfg, self.tparams)
+            elif not np.array_equal(np.asarray(vocab.target_ids), np.asarray(self.vocab.target_ids)):
                 raise ConfigError(f"init_from {source}: its draft vocabulary differs from the "
                                   "one given to the trainer")
         else:
@@ -886,7 +918,9 @@ class Trainer:
             f"FFN {d.intermediate_size}, draft vocab {d.draft_vocab_size} of {d.vocab_size}",
             f"- aux layers (input of target layer i) {list(d.aux_layer_ids)}",
             (f"- init: the drafter at {init_source(cfg)} (its weights and draft vocabulary"
-             + (f", from the training state {cfg.resume_from}); " if cfg.resume_from else "); ")
+             + (f", from the training state {cfg.resume_from}" if cfg.resume_from else "")
+             + (f"; vocabulary widened to {d.draft_vocab_size}, the added ids' head columns from the target"
+                if self.widened else "") + "); "
              if init_source(cfg) else
              f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; ")
             + "embedding shared from the target (not exported)",

@@ -13,6 +13,7 @@ import numpy as np
 __all__ = [
     "token_frequencies",
     "build_draft_vocab",
+    "widen_draft_vocab",
     "draft_to_target_ids",
     "coverage",
 ]
@@ -103,14 +104,42 @@ def build_draft_vocab(
         raise ValueError(
             f"need 0 < draft_vocab_size ({draft_vocab_size}) <= target_vocab_size ({target_vocab_size})"
         )
-    counts = _as_counts(freqs, target_vocab_size)
+    order = _by_frequency(_as_counts(freqs, target_vocab_size))
+    return _from_target_ids(order[:draft_vocab_size], target_vocab_size)
+
+
+def widen_draft_vocab(
+    d2t, freqs, draft_vocab_size: int, target_vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A larger vocabulary holding every id of ``d2t``'s: ``(d2t, t2d)`` as
+    :func:`build_draft_vocab` returns them.
+
+    The ids of ``d2t`` stay; the ``draft_vocab_size - len(d2t)`` most frequent
+    ids outside it (by ``freqs``, ties broken by the lower id) are added, and
+    all are sorted ascending.  A trained drafter widened this way keeps every
+    column of its head (``eagle_jax.train.trainer.widen_lm_head``).
+    """
+    old = draft_to_target_ids(d2t)
+    if not len(old) <= draft_vocab_size <= target_vocab_size:
+        raise ValueError(f"need {len(old)} (the vocabulary widened) <= draft_vocab_size ({draft_vocab_size}) "
+                         f"<= target_vocab_size ({target_vocab_size})")
+    if len(old) and (old.min() < 0 or old.max() >= target_vocab_size):
+        raise ValueError(f"d2t maps outside the target vocab of {target_vocab_size}")
+    order = _by_frequency(_as_counts(freqs, target_vocab_size))
+    added = order[~np.isin(order, old)][: draft_vocab_size - len(old)]
+    return _from_target_ids(np.concatenate([old, added]), target_vocab_size)
+
+
+def _by_frequency(counts: np.ndarray) -> np.ndarray:
+    """Every id, by count descending, then id ascending."""
     if (counts < 0).any():
         raise ValueError("negative frequency")
-    ids = np.arange(target_vocab_size, dtype=np.int64)
-    # lexsort: last key is primary -> by count descending, then id ascending.
-    order = np.lexsort((ids, -counts))
-    target_ids = np.sort(order[:draft_vocab_size]).astype(np.int64)
-    d2t = target_ids - np.arange(draft_vocab_size, dtype=np.int64)
+    return np.lexsort((np.arange(len(counts), dtype=np.int64), -counts))  # last key is primary
+
+
+def _from_target_ids(ids, target_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    target_ids = np.sort(np.asarray(ids, np.int64))
+    d2t = target_ids - np.arange(len(target_ids), dtype=np.int64)
     t2d = np.zeros(target_vocab_size, dtype=bool)
     t2d[target_ids] = True
     return d2t, t2d

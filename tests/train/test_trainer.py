@@ -381,3 +381,40 @@ def test_init_from_starts_at_the_exported_drafter(setup, tmp_path):
     with pytest.raises(ConfigError, match="draft_vocab_size 128"):
         Trainer(small_cfg(tmp_path / "d", draft_vocab_size=64, init_from=str(exported)),
                 TCFG, tparams, train, other).init_state()
+
+
+def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
+    """A larger draft_vocab_size widens the starting drafter: its head columns kept, the added ids' from the
+    target's lm_head, every other weight as exported; the run trains and exports the wider drafter."""
+    from eagle_jax.convert.drafter_formats import load_drafter
+    from eagle_jax.train import vocab as V
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, _ = setup
+    small = make_vocab(train, size=64)
+    first = Trainer(small_cfg(tmp_path / "a", steps=3, draft_vocab_size=64, export=True, export_dtype="float32"),
+                    TCFG, tparams, train, small)
+    first.run()
+    d2t, _ = V.widen_draft_vocab(small.d2t, V.token_frequencies(train, TCFG.vocab_size), 128, TCFG.vocab_size)
+    wide = drafter.DraftVocab.from_target_ids(V.draft_to_target_ids(d2t), TCFG.vocab_size)
+    cfg = small_cfg(tmp_path / "b", steps=2, export=True, export_dtype="float32",
+                    init_from=str(tmp_path / "a" / "drafter"))
+    second = Trainer(cfg, TCFG, tparams, train, wide)
+    start = jax.tree.map(np.asarray, second.init_state()["params"])
+    before = _params(first)
+    old_ids, new_ids = np.asarray(small.target_ids), np.asarray(wide.target_ids)
+    head_t = np.asarray(target.lm_head_weight(tparams, TCFG))  # [H, V]
+    for j, t in enumerate(new_ids):
+        want = before["lm_head"][:, list(old_ids).index(t)] if t in set(old_ids) else head_t[:, t]
+        np.testing.assert_array_equal(start["lm_head"][:, j], want)
+    del start["lm_head"], before["lm_head"]
+    jax.tree.map(np.testing.assert_array_equal, start, before)
+    second.run()
+    lcfg, _, vocab = load_drafter(tmp_path / "b" / "drafter", TCFG)
+    assert lcfg.draft_vocab_size == 128 and np.array_equal(np.asarray(vocab.target_ids), new_ids)
+    assert "vocabulary widened to 128" in (tmp_path / "b" / "model_card.md").read_text()
+    # a vocabulary that drops one of the drafter's ids cannot continue it
+    drops = np.setdiff1d(np.arange(TCFG.vocab_size), old_ids[:1])[:128]
+    with pytest.raises(ConfigError, match="does not hold all 64"):
+        Trainer(cfg.replace(output_dir=str(tmp_path / "c")), TCFG, tparams, train,
+                drafter.DraftVocab.from_target_ids(drops, TCFG.vocab_size)).init_state()

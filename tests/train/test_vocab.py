@@ -62,6 +62,29 @@ def test_build_draft_vocab_hand_example():
     assert d2t.tolist() == [0] * 8 and t2d.all()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_widen_draft_vocab_matches_brute_force(seed):
+    """The old ids stay; the most frequent others (ties: lower id) fill the rest; sorted as build's."""
+    rng = np.random.default_rng(100 + seed)
+    V = int(rng.integers(20, 300))
+    old = np.sort(rng.choice(V, int(rng.integers(1, V // 2)), replace=False))
+    n = int(rng.integers(len(old), V + 1))
+    freqs = rng.integers(0, 5, size=V) * (rng.random(V) < rng.uniform(0.05, 0.9))
+    d2t, t2d = vocab.widen_draft_vocab(old - np.arange(len(old)), freqs, n, V)
+    others = sorted((t for t in range(V) if t not in set(old.tolist())), key=lambda t: (-int(freqs[t]), t))
+    kept = sorted(old.tolist() + others[: n - len(old)])
+    assert vocab.draft_to_target_ids(d2t).tolist() == kept
+    assert np.flatnonzero(t2d).tolist() == kept and d2t.dtype == np.int64
+    # widening to its own size changes nothing; build's vocabulary widened by build's order is build's
+    same = vocab.widen_draft_vocab(old - np.arange(len(old)), freqs, len(old), V)
+    assert vocab.draft_to_target_ids(same[0]).tolist() == old.tolist()
+    small = vocab.build_draft_vocab(freqs, len(old), V)
+    np.testing.assert_array_equal(vocab.widen_draft_vocab(small[0], freqs, n, V)[1],
+                                  vocab.build_draft_vocab(freqs, n, V)[1])
+    with pytest.raises(ValueError, match="widened"):
+        vocab.widen_draft_vocab(old - np.arange(len(old)), freqs, len(old) - 1, V)
+
+
 def test_build_draft_vocab_inputs():
     # a dict, a short array and a padded array agree
     a = vocab.build_draft_vocab({3: 4, 1: 2, 7: 1}, 2, 10)
