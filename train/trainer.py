@@ -21,7 +21,8 @@ keeps its draft vocabulary instead (`load_init_drafter`): fine-tuning a
 released drafter, or continuing one on new data. Its shape, variant and aux
 layers must equal the configured ones; a larger configured
 ``draft_vocab_size`` widens its vocabulary (train/cli.py adds the most
-frequent ids of the data, `widen_lm_head` the target's head columns for them). ``resume_from`` (a committed training
+frequent ids of the data, `widen_lm_head` head columns for them mapped from
+the target's). ``resume_from`` (a committed training
 state, train/state.py) does the same with the state's drafter, continues the
 state's data cursor when the data order is the same, and adds the state's
 steps and token positions to the run's; ``export_state`` writes the run's
@@ -299,20 +300,25 @@ def widen_lm_head(params: dict, old: drafter.DraftVocab, new: drafter.DraftVocab
                   tparams) -> dict:
     """`params` with ``lm_head`` [H, Vd_old] grown to `new`'s [H, Vd_new] (``train/vocab.py widen_draft_vocab``).
 
-    The columns of `old`'s ids are kept; an added id's column is the target's (as `init_drafter_params`
-    starts every column), so the widened drafter ranks the old ids exactly as before.
+    The columns of `old`'s ids are kept, so the widened drafter scores them exactly as before. An added
+    id's column is the target's column carried into the drafter's space: ``A @ W[:, id]``, with ``A``
+    [H, H] the least-squares map from the target's columns of the old ids to the drafter's trained
+    ones. (The target's columns as they are would not do: the trained drafter's head has drifted from
+    them, and on SmolLM2 the raw columns of rare tokens outscored every trained one.)
     """
     old_ids, new_ids = np.asarray(old.target_ids), np.asarray(new.target_ids)
     if not np.isin(old_ids, new_ids).all():
         raise ConfigError(f"the draft vocabulary given to the trainer ({len(new_ids)} ids) does not hold all "
                           f"{len(old_ids)} of the starting drafter's: only a widened one can continue it")
-    head = params["lm_head"]
+    head = np.asarray(params["lm_head"], np.float64)
     if head.shape[0] != tcfg.hidden_size:
         raise ConfigError(f"cannot widen the draft vocabulary: the drafter's hidden size {head.shape[0]} is not "
                           f"the target's {tcfg.hidden_size}, so the target's lm_head columns do not fit")
-    w = jnp.take(target.lm_head_weight(tparams, tcfg), jnp.asarray(new_ids), axis=1).astype(head.dtype)
-    w = w.at[:, jnp.asarray(np.searchsorted(new_ids, old_ids))].set(head)
-    return dict(params, lm_head=w)
+    w = np.asarray(target.lm_head_weight(tparams, tcfg), np.float64)
+    a_t, *_ = np.linalg.lstsq(w[:, old_ids].T, head.T, rcond=None)  # w_old.T @ A.T ~= head.T
+    out = a_t.T @ w[:, new_ids]
+    out[:, np.searchsorted(new_ids, old_ids)] = head
+    return dict(params, lm_head=jnp.asarray(out, params["lm_head"].dtype))
 
 
 def init_source(cfg: TrainConfig) -> str | None:
@@ -919,7 +925,8 @@ class Trainer:
             f"- aux layers (input of target layer i) {list(d.aux_layer_ids)}",
             (f"- init: the drafter at {init_source(cfg)} (its weights and draft vocabulary"
              + (f", from the training state {cfg.resume_from}" if cfg.resume_from else "")
-             + (f"; vocabulary widened to {d.draft_vocab_size}, the added ids' head columns from the target"
+             + (f"; vocabulary widened to {d.draft_vocab_size}, the added ids' head columns mapped from the "
+                "target's"
                 if self.widened else "") + "); "
              if init_source(cfg) else
              f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; ")

@@ -384,8 +384,9 @@ def test_init_from_starts_at_the_exported_drafter(setup, tmp_path):
 
 
 def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
-    """A larger draft_vocab_size widens the starting drafter: its head columns kept, the added ids' from the
-    target's lm_head, every other weight as exported; the run trains and exports the wider drafter."""
+    """A larger draft_vocab_size widens the starting drafter: its head columns kept, the added ids' the target's
+    mapped by the least-squares fit of the kept ones, every other weight as exported; the run trains and
+    exports the wider drafter."""
     from eagle_jax.convert.drafter_formats import load_drafter
     from eagle_jax.train import vocab as V
     from eagle_jax.train.trainer import Trainer
@@ -403,10 +404,15 @@ def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
     start = jax.tree.map(np.asarray, second.init_state()["params"])
     before = _params(first)
     old_ids, new_ids = np.asarray(small.target_ids), np.asarray(wide.target_ids)
-    head_t = np.asarray(target.lm_head_weight(tparams, TCFG))  # [H, V]
+    head_t = np.asarray(target.lm_head_weight(tparams, TCFG), np.float64)  # [H, V]
+    # reference map: solve the normal equations A (W_old W_old^T) = D W_old^T (H = 64 < 64 old ids: full rank)
+    w_old = head_t[:, old_ids]
+    a = np.linalg.solve(w_old @ w_old.T, w_old @ before["lm_head"].astype(np.float64).T).T
     for j, t in enumerate(new_ids):
-        want = before["lm_head"][:, list(old_ids).index(t)] if t in set(old_ids) else head_t[:, t]
-        np.testing.assert_array_equal(start["lm_head"][:, j], want)
+        if t in set(old_ids):
+            np.testing.assert_array_equal(start["lm_head"][:, j], before["lm_head"][:, list(old_ids).index(t)])
+        else:
+            np.testing.assert_allclose(start["lm_head"][:, j], a @ head_t[:, t], rtol=1e-4, atol=1e-5)
     del start["lm_head"], before["lm_head"]
     jax.tree.map(np.testing.assert_array_equal, start, before)
     second.run()
