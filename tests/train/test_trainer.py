@@ -424,3 +424,29 @@ def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
     with pytest.raises(ConfigError, match="does not hold all 64"):
         Trainer(cfg.replace(output_dir=str(tmp_path / "c")), TCFG, tparams, train,
                 drafter.DraftVocab.from_target_ids(drops, TCFG.vocab_size)).init_state()
+
+
+def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
+    """target_dtype: the features are those of the bf16-cast target (an independent feature fn), handed to the
+    float32 drafter as float32; the drafter's parameters and step stay float32."""
+    from eagle_jax.train import features as F
+    from eagle_jax.train.trainer import Trainer, iter_batches
+
+    tparams, train, vocab = setup
+    tr = Trainer(small_cfg(tmp_path / "a", steps=2, target_dtype="bfloat16"), TCFG, tparams, train, vocab)
+    batch = next(iter_batches(train, 4, 64))
+    got = tr.batch_features(batch)
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tparams)
+    want = F.make_feature_fn(TCFG, (1, 2, 3))(bf16, jnp.asarray(batch["input_ids"]), vocab.target_ids, vocab.t2d)
+    assert got["aux"].dtype == jnp.float32 and want.aux.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got["aux"]), np.asarray(want.aux.astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(got["target_logits"]), np.asarray(want.logits))
+    np.testing.assert_array_equal(np.asarray(got["in_vocab"]), np.asarray(want.in_vocab))
+    # and they are not the float32 features (else the setting did nothing)
+    f32 = Trainer(small_cfg(tmp_path / "b", steps=2), TCFG, tparams, train, vocab).batch_features(batch)
+    assert not np.array_equal(np.asarray(f32["target_logits"]), np.asarray(got["target_logits"]))
+    tr.run()
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(tr.state["params"]))
+    assert "(target pass bfloat16)" in (tmp_path / "a" / "model_card.md").read_text()
+    with pytest.raises(ConfigError, match="target_dtype must be float32 or bfloat16"):
+        small_cfg(tmp_path / "c", target_dtype="float16").validate()
