@@ -513,12 +513,12 @@ def plot_curves(log_path, png_path) -> None:
 # Settings whose change makes a resumed run differ from the uninterrupted one.
 _RESUME_KEYS = ("variant", "draft_vocab_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
                 "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
-                "grad_clip", "dtype", "param_dtype", "seed", "data", "max_conversations", "target", "steps",
-                "init_from", "resume_from")
+                "grad_clip", "dtype", "target_dtype", "param_dtype", "seed", "data", "max_conversations", "target",
+                "steps", "init_from", "resume_from")
 # The settings a learning-curve point and a training state record.
 _RECORDED_KEYS = ("target", "variant", "draft_vocab_size", "ttt_length", "step_decay", "labels", "lr",
                   "warmup_steps", "min_lr_ratio", "steps", "batch_size", "seq_len", "bucket_lengths", "dtype",
-                  "param_dtype", "seed", "data", "max_conversations", "heldout_fraction", "init_from",
+                  "target_dtype", "param_dtype", "seed", "data", "max_conversations", "heldout_fraction", "init_from",
                   "resume_from", "output_dir")
 
 
@@ -697,8 +697,10 @@ class Trainer:
         if restored is not None:
             state, meta = restored
             old = meta.get("config") or {}
-            changed = {k: [old[k], getattr(cfg, k)] for k in _RESUME_KEYS
-                       if k in old and old[k] != getattr(cfg, k)}
+            # a key missing from an older checkpoint's config had its default then
+            defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+            changed = {k: [old.get(k, defaults[k]), getattr(cfg, k)] for k in _RESUME_KEYS
+                       if old.get(k, defaults[k]) != getattr(cfg, k)}
             if changed:
                 print(f"[train] warning: resuming with changed {', '.join(changed)} "
                       f"(was {', '.join(repr(v[0]) for v in changed.values())}): the run is no longer the "

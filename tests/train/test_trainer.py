@@ -208,6 +208,10 @@ def test_resume_with_changed_settings_is_logged_and_carded(setup, tmp_path):
     resumes = [r for r in read_log(tmp_path / "train_log.jsonl") if r["type"] == "resume"]
     assert resumes == [{"type": "resume", "step": 4, "cursor": 4, "changed": {"steps": [4, 6]}}]
     assert "- resumed at step 4, changed: steps 4 -> 6" in (tmp_path / "model_card.md").read_text()
+    # the target pass's dtype is a setting of the run like the others
+    Trainer(small_cfg(tmp_path, steps=7, export=False, target_dtype="bfloat16"), TCFG, tparams, train, vocab).run()
+    resumes = [r for r in read_log(tmp_path / "train_log.jsonl") if r["type"] == "resume"]
+    assert resumes[-1]["changed"] == {"steps": [6, 7], "target_dtype": [None, "bfloat16"]}
 
 
 def test_no_resume_refuses_existing_checkpoints(setup, tmp_path):
