@@ -13,7 +13,7 @@ matrix, so its size sets much of the drafter's step cost. For each size:
   builds it;
 * `step_ms`: one drafter step (T = 1, a chain step) with random weights of the
   shipped EAGLE 3.1 drafter's shape at that size, median of interleaved calls,
-  and `vs_8192` against the shipped size in the same run;
+  and `vs_8192` against 8,192 ids (the size shipped until stage 15) in the same run;
 * `head_bytes`: the draft head's weight bytes;
 * `shipped_vocab`: the coverage of the shipped EAGLE 3.1 drafter's own
   vocabulary (built from its first training data).

@@ -29,4 +29,4 @@ def test_coverage_of_held_out_answers(smollm2_target, tmp_path):
     cov = [out["sizes"][v]["coverage"] for v in (1, 8, 4096, vocab)]
     assert 0.0 < cov[0] <= cov[1] <= cov[2] == cov[3] == 1.0
     assert out["sizes"][8]["train_coverage"] == cov[1]  # the same text in both splits
-    assert out["sizes"]["shipped"]["size"] == 8192 and 0.0 < out["sizes"]["shipped"]["coverage"] <= 1.0
+    assert out["sizes"]["shipped"]["size"] == 16384 and 0.0 < out["sizes"]["shipped"]["coverage"] <= 1.0
