@@ -503,10 +503,10 @@ def plot_curves(log_path, png_path) -> None:
     axes[2].set_title("acceptance length")
     axes[2].set_xlabel("step")
     fig.tight_layout()
-    tmp = str(png_path) + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
+    from eagle_jax.benchmarks.report import save_png
+
+    save_png(fig, png_path, dpi=100)
     plt.close(fig)
-    os.replace(tmp, png_path)
 
 
 # ----------------------------------------------------------------------------- trainer
