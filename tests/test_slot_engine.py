@@ -488,9 +488,10 @@ def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_targe
         _check_alone(gen, p, m, text, done)
     assert any(n == 2 for n, _ in seen) and all(d == 0 for n, d in seen if n == 2)
     assert any(d == gen.spec.depth for n, d in seen if n == 1)
-    # The pair stepped plainly side by side to the end; the lone request after them catches its
+    # Every step the pair shared was plain (above); one of them may still draft in a step it ran alone,
+    # before the other's prefill joined (scheduling order). The lone request after them catches its
     # drafter up over its own prompt only, not over the pair's plain steps as well.
-    assert pair[0][1].spec.drafts == 0 and pair[1][1].spec.drafts == 0
+    assert pair[0][1].spec.drafts + pair[1][1].spec.drafts <= sum(1 for n, d in seen if n == 1 and d > 0)
     assert catch_ups == -(-len(_ids(gen, PROMPTS[4])) // engine.lc.catch_up_width)
 
 
