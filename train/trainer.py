@@ -22,7 +22,8 @@ released drafter, or continuing one on new data. Its shape, variant and aux
 layers must equal the configured ones; a larger configured
 ``draft_vocab_size`` widens its vocabulary (train/cli.py adds the most
 frequent ids of the data, `widen_lm_head` head columns for them mapped from
-the target's). ``resume_from`` (a committed training
+the target's), and a larger ``intermediate_size`` its MLP (`widen_mlp`: new
+units whose down-projection rows are zero, so the function is unchanged). ``resume_from`` (a committed training
 state, train/state.py) does the same with the state's drafter, continues the
 state's data cursor when the data order is the same, and adds the state's
 steps and token positions to the run's; ``export_state`` writes the run's
@@ -92,6 +93,7 @@ __all__ = [
     "init_drafter_params",
     "load_init_drafter",
     "widen_lm_head",
+    "widen_mlp",
     "init_source",
     "make_optimizer",
     "make_train_step",
@@ -274,7 +276,7 @@ def init_drafter_params(dcfg: DrafterConfig, tcfg: TargetConfig, tparams, vocab:
     return jax.tree.map(lambda x: x.astype(dtype), params)
 
 
-_INIT_FIELDS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+_INIT_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
                 "target_hidden_size", "aux_layer_ids", "fc_norm", "norm_before_fc",
                 "norm_before_residual", "norm_output", "qkv_bias", "o_bias")
 
@@ -283,7 +285,8 @@ def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: Target
                       dtype=jnp.float32) -> tuple[dict, drafter.DraftVocab]:
     """(params in `dtype`, draft vocab) of the drafter at `path`; ConfigError if it is not `dcfg`'s shape.
 
-    Its draft vocabulary may be smaller than `dcfg`'s: the run then widens it (`widen_lm_head`)."""
+    Its draft vocabulary and its MLP may be smaller than `dcfg`'s: the run then widens them
+    (`widen_lm_head`, `widen_mlp`)."""
     from eagle_jax.convert.drafter_formats import load_drafter
 
     lcfg, params, vocab = load_drafter(path, tcfg, dtype=jnp.float32)
@@ -292,6 +295,9 @@ def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: Target
     if lcfg.draft_vocab_size > dcfg.draft_vocab_size:
         diff.append(f"draft_vocab_size {lcfg.draft_vocab_size!r} (config: {dcfg.draft_vocab_size!r}; "
                     "a draft vocabulary can be widened, not narrowed)")
+    if lcfg.intermediate_size > dcfg.intermediate_size:
+        diff.append(f"intermediate_size {lcfg.intermediate_size!r} (config: {dcfg.intermediate_size!r}; "
+                    "an MLP can be widened, not narrowed)")
     if diff:
         raise ConfigError(f"init_from {path}: the drafter there differs from the configured one: "
                           + "; ".join(diff))
@@ -324,6 +330,28 @@ def widen_lm_head(params: dict, old: drafter.DraftVocab, new: drafter.DraftVocab
     out = a_t.T @ w[:, new_ids]
     out[:, np.searchsorted(new_ids, old_ids)] = head
     return dict(params, lm_head=jnp.asarray(out, params["lm_head"].dtype))
+
+
+def widen_mlp(params: dict, width: int, key, scale: float = 0.02) -> dict:
+    """`params` with the decoder layer's MLP grown from F to `width` hidden units, the function unchanged.
+
+    ``w_gate_up`` [H, 2F] ([gate | up]) gets `width` - F new gate and up columns, normal(0, `scale`) as
+    `drafter.init_params` draws them; ``w_down`` [F, H] gets zero rows for them, so the widened
+    drafter computes exactly what it did. The first update gives the new units' down rows a
+    gradient (their activations are not zero), and through those their gate and up columns.
+    """
+    layer = params["layer"]
+    gate_up, down = layer["w_gate_up"], layer["w_down"]
+    f = down.shape[0]
+    if width < f:
+        raise ConfigError(f"cannot narrow the drafter's MLP from {f} to {width} units")
+    if width == f:
+        return params
+    h = gate_up.shape[0]
+    new = (scale * jax.random.normal(key, (2, h, width - f))).astype(gate_up.dtype)
+    gate_up = jnp.concatenate([gate_up[:, :f], new[0], gate_up[:, f:], new[1]], axis=1)
+    down = jnp.concatenate([down, jnp.zeros((width - f, down.shape[1]), down.dtype)], axis=0)
+    return dict(params, layer=dict(layer, w_gate_up=gate_up, w_down=down))
 
 
 def init_source(cfg: TrainConfig) -> str | None:
@@ -512,15 +540,15 @@ def plot_curves(log_path, png_path) -> None:
 # ----------------------------------------------------------------------------- trainer
 
 # Settings whose change makes a resumed run differ from the uninterrupted one.
-_RESUME_KEYS = ("variant", "draft_vocab_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
+_RESUME_KEYS = ("variant", "draft_vocab_size", "intermediate_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
                 "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
                 "grad_clip", "dtype", "target_dtype", "param_dtype", "seed", "data", "max_conversations", "target",
                 "steps", "init_from", "resume_from")
 # The settings a learning-curve point and a training state record.
-_RECORDED_KEYS = ("target", "variant", "draft_vocab_size", "ttt_length", "step_decay", "labels", "lr",
-                  "warmup_steps", "min_lr_ratio", "steps", "batch_size", "seq_len", "bucket_lengths", "dtype",
-                  "target_dtype", "param_dtype", "seed", "data", "max_conversations", "heldout_fraction", "init_from",
-                  "resume_from", "output_dir")
+_RECORDED_KEYS = ("target", "variant", "draft_vocab_size", "intermediate_size", "ttt_length", "step_decay",
+                  "labels", "lr", "warmup_steps", "min_lr_ratio", "steps", "batch_size", "seq_len", "bucket_lengths",
+                  "dtype", "target_dtype", "param_dtype", "seed", "data", "max_conversations", "heldout_fraction",
+                  "init_from", "resume_from", "output_dir")
 
 
 class Trainer:
@@ -582,6 +610,7 @@ class Trainer:
                 cfg.feature_cache_dir or (self.out / "features"), meta)
         self._mngr = None
         self.widened = False  # set by init_state: the starting drafter's vocabulary was smaller
+        self.widened_mlp_from = None  # set by init_state: the starting drafter's MLP width, when smaller
 
     # -------------------------------------------------------------- state and checkpoints
     def init_state(self) -> dict:
@@ -596,6 +625,10 @@ class Trainer:
             elif not np.array_equal(np.asarray(vocab.target_ids), np.asarray(self.vocab.target_ids)):
                 raise ConfigError(f"init_from {source}: its draft vocabulary differs from the "
                                   "one given to the trainer")
+            width = params["layer"]["w_down"].shape[0]
+            if width < self.dcfg.intermediate_size:
+                self.widened_mlp_from = width
+                params = widen_mlp(params, self.dcfg.intermediate_size, jax.random.fold_in(sub, 1))
         else:
             params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub,
                                          dtype=self.param_dtype)
@@ -939,7 +972,9 @@ class Trainer:
              + (f", from the training state {cfg.resume_from}" if cfg.resume_from else "")
              + (f"; vocabulary widened to {d.draft_vocab_size}, the added ids' head columns mapped from the "
                 "target's"
-                if self.widened else "") + "); "
+                if self.widened else "")
+             + (f"; MLP widened from {self.widened_mlp_from} to {d.intermediate_size} units, the new units' "
+                "down-projection rows zero" if self.widened_mlp_from else "") + "); "
              if init_source(cfg) else
              f"- init: random, lm_head = target lm_head rows of the draft vocab, norm = target final norm; ")
             + "embedding shared from the target (not exported)",

@@ -430,6 +430,59 @@ def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
                 drafter.DraftVocab.from_target_ids(drops, TCFG.vocab_size)).init_state()
 
 
+def test_init_from_a_narrower_mlp_widens_it_without_changing_the_function(setup, tmp_path):
+    """A larger intermediate_size widens the starting drafter's MLP: its gate, up and down weights kept, the
+    new units' down rows zero, so the widened drafter's outputs equal the narrow one's (checked through
+    drafter.step on random inputs); the run trains the new units and exports the wider drafter; narrowing
+    is refused."""
+    from eagle_jax.convert.drafter_formats import load_drafter
+    from eagle_jax.train.trainer import Trainer
+
+    tparams, train, vocab = setup
+    first = Trainer(small_cfg(tmp_path / "a", steps=3, export=True, export_dtype="float32"), TCFG, tparams, train,
+                    vocab)
+    first.run()
+    cfg = small_cfg(tmp_path / "b", steps=2, export=True, export_dtype="float32", intermediate_size=200,
+                    init_from=str(tmp_path / "a" / "drafter"))
+    second = Trainer(cfg, TCFG, tparams, train, vocab)
+    start = jax.tree.map(np.asarray, second.init_state()["params"])
+    before = _params(first)
+    f, h = TCFG.intermediate_size, TCFG.hidden_size
+    gate_up, down = start["layer"].pop("w_gate_up"), start["layer"].pop("w_down")
+    old_gate_up, old_down = before["layer"].pop("w_gate_up"), before["layer"].pop("w_down")
+    assert gate_up.shape == (h, 400) and down.shape == (200, h)
+    np.testing.assert_array_equal(gate_up[:, :f], old_gate_up[:, :f])  # gate
+    np.testing.assert_array_equal(gate_up[:, 200:200 + f], old_gate_up[:, f:])  # up
+    assert np.abs(gate_up[:, f:200]).min() > 0 and np.abs(gate_up[:, 200 + f:]).min() > 0  # new units drawn
+    np.testing.assert_array_equal(down[:f], old_down)
+    np.testing.assert_array_equal(down[f:], 0)
+    jax.tree.map(np.testing.assert_array_equal, start, before)  # every other weight as exported
+
+    def outputs(dcfg, params):
+        rng = np.random.default_rng(3)
+        tokens = jnp.asarray(rng.integers(0, TCFG.vocab_size, (2, 5)), jnp.int32)
+        hidden = jnp.asarray(rng.normal(size=(2, 5, h)), jnp.float32)
+        positions = jnp.broadcast_to(jnp.arange(5, dtype=jnp.int32), (2, 5))
+        cache = drafter.create_cache(dcfg, 2, 8)
+        logits, feedback, _ = drafter.step(params, dcfg, tokens, hidden, positions, cache, embed=tparams["embed"],
+                                           impl="xla")
+        return np.asarray(logits), np.asarray(feedback)
+
+    narrow = outputs(first.dcfg, first.state["params"])
+    wide = outputs(second.dcfg, second.init_state()["params"])
+    for a, b in zip(narrow, wide):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    second.run()
+    after = _params(second)
+    assert np.abs(after["layer"]["w_down"][f:]).max() > 0  # the new units trained
+    lcfg, _, _ = load_drafter(tmp_path / "b" / "drafter", TCFG)
+    assert lcfg.intermediate_size == 200
+    assert "MLP widened from 128 to 200 units" in (tmp_path / "b" / "model_card.md").read_text()
+    narrower = small_cfg(tmp_path / "c", intermediate_size=100, init_from=str(tmp_path / "a" / "drafter"))
+    with pytest.raises(ConfigError, match="an MLP can be widened, not narrowed"):
+        Trainer(narrower, TCFG, tparams, train, vocab).init_state()
+
+
 def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
     """target_dtype: the features are those of the bf16-cast target (an independent feature fn), handed to the
     float32 drafter as float32; the drafter's parameters and step stay float32."""
