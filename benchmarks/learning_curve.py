@@ -13,9 +13,12 @@ fixed setting, how well it drafts:
 * ``teacher_forced``: `teacher_forced.step_accuracy` (top-1 per TTT step,
   strict and in-vocabulary) over the committed held-out answers;
 * ``tau``: engine acceptance length through `Generator` at float32, greedy,
-  batch 1, ``MAX_NEW_TOKENS`` new tokens, for chain k=4 and the tree 4x3x12
-  (pinned, whatever the defaults become), per prompt set (HumanEval, held-out ShareGPT) and
-  pooled (``all``: 1 + accepted drafts / verify steps over every prompt).
+  batch 1, ``MAX_NEW_TOKENS`` new tokens, for chain k=4, the tree 4x3x12 and
+  (from 2026-12-06 on) chain k=5, the issue's stretch setting (pinned, whatever
+  the defaults become), per prompt set (HumanEval, held-out ShareGPT) and
+  pooled (``all``: 1 + accepted drafts / verify steps over every prompt). A
+  point lists the engines it measured in ``setting.engines``; the first two
+  are in every point.
 
 The held-out set (HELDOUT_SET, gzip JSONL, committed) is fixed so that points
 compare: its first line (``"set": "about"``) says how it was made; then
@@ -42,7 +45,7 @@ from pathlib import Path
 from eagle_jax.benchmarks.harness import RESULTS_DIR, _aggregate_acceptance, command_line, machine_info
 from eagle_jax.config import SpecConfig
 
-__all__ = ["HELDOUT_SET", "CURVE_FILE", "ENGINES", "make_heldout_set", "write_heldout_set",
+__all__ = ["HELDOUT_SET", "CURVE_FILE", "ENGINES", "ALWAYS_MEASURED", "make_heldout_set", "write_heldout_set",
            "read_heldout_set", "measure_tau", "measure", "make_point", "validate_point", "append_point",
            "read_curve", "run_point", "summary_line", "main"]
 
@@ -57,7 +60,9 @@ TF_SEQ_LEN = 448  # 256 prompt + 160 answer tokens + the chat template fit
 # Pinned, not the defaults, so that points stay comparable when the defaults change.
 _TREE = SpecConfig("tree", tree_top_k=4, tree_depth=3, tree_total_tokens=12, disable_by_batch_size=None)
 ENGINES = {"chain-k4": SpecConfig("chain", num_speculative_tokens=4, disable_by_batch_size=None),
-           f"tree-{_TREE.tree_top_k}x{_TREE.tree_depth}x{_TREE.tree_total_tokens}": _TREE}
+           f"tree-{_TREE.tree_top_k}x{_TREE.tree_depth}x{_TREE.tree_total_tokens}": _TREE,
+           "chain-k5": SpecConfig("chain", num_speculative_tokens=5, disable_by_batch_size=None)}
+ALWAYS_MEASURED = tuple(ENGINES)[:2]  # points before 2026-12-06 have only these
 PROMPT_SETS = ("humaneval", "sharegpt")
 
 
@@ -200,8 +205,8 @@ def validate_point(p: dict) -> dict:
     Required: schema, date, label, variant (eagle3 | eagle3.1), drafter, training {token_positions (int
     or null), token_positions_source, data (list of {source, ...} or null), settings (dict or null)},
     heldout_set {sha1, ...}, setting, teacher_forced {strict, in_vocab: one float in [0, 1] per TTT step},
-    tau {engine: {set: {tau >= 1 or null, per_position, verify_steps}}} with every engine of ENGINES and
-    every prompt set plus "all".
+    tau {engine: {set: {tau >= 1 or null, per_position, verify_steps}}} with every engine the point's
+    setting.engines lists (ALWAYS_MEASURED at least) and every prompt set plus "all".
     """
     for key, t in _TYPES.items():
         if not isinstance(p.get(key), t):
@@ -215,7 +220,11 @@ def validate_point(p: dict) -> dict:
         v = p["teacher_forced"].get(key)
         if not isinstance(v, list) or not v or not all(isinstance(x, float) and 0 <= x <= 1 for x in v):
             raise ValueError(f"learning-curve point: teacher_forced.{key} must list accuracies in [0, 1]")
-    for engine in ENGINES:
+    listed = p["setting"].get("engines")
+    if not isinstance(listed, dict) or not set(ALWAYS_MEASURED) <= set(listed) or not set(listed) <= set(ENGINES):
+        raise ValueError(f"learning-curve point: setting.engines must list {', '.join(ALWAYS_MEASURED)} and only "
+                         f"engines of {', '.join(ENGINES)}")
+    for engine in listed:
         for name in (*PROMPT_SETS, "all"):
             a = p["tau"].get(engine, {}).get(name)
             if not isinstance(a, dict) or not (a.get("tau") is None or a["tau"] >= 1.0) or "verify_steps" not in a:
@@ -276,7 +285,8 @@ def run_point(draft: str, label: str | None = None, *, target: str = "smollm2-13
 
 
 def summary_line(p: dict) -> str:
-    tau = ", ".join(f"{e} {p['tau'][e]['all']['tau']:.3f}" for e in ENGINES if p["tau"][e]["all"]["tau"])
+    tau = ", ".join(f"{e} {p['tau'][e]['all']['tau']:.3f}" for e in ENGINES
+                    if e in p["tau"] and p["tau"][e]["all"]["tau"])
     return (f"{p['label']} ({p['variant']}): teacher-forced strict {p['teacher_forced']['strict']}; "
             f"tau (all prompts) {tau}")
 

@@ -676,7 +676,8 @@ def render_learning_curve(points: list[dict], png_path: str, docs_path: str) -> 
         tr = p["training"]
         rows.append([p["date"][:10], p["label"], p["variant"], fmt(tr["token_positions"]), fmt(tr.get("steps")),
                      " / ".join(f"{x:.3f}" for x in p["teacher_forced"]["strict"]),
-                     *[" / ".join(fmt(p["tau"][e][n]["tau"]) for n in (*PROMPT_SETS, "all")) for e in ENGINES],
+                     *[" / ".join(fmt(p["tau"][e][n]["tau"]) for n in (*PROMPT_SETS, "all")) if e in p["tau"] else fmt(None)
+                       for e in ENGINES],
                      p["machine"]])
     out.append(table(["date", "label", "variant", "token positions", "steps", "teacher-forced strict per TTT step",
                       *[f"tau {e} ({' / '.join((*PROMPT_SETS, 'all'))})" for e in ENGINES], "machine"], rows))
@@ -700,7 +701,9 @@ def learning_curve_figure(points: list[dict], png_path: str) -> str:
         xs = [x for x, _ in pts]
         axes[0].plot(xs, [p["teacher_forced"]["strict"][0] for _, p in pts], marker="o", label=variant)
         for e in ENGINES:
-            axes[1].plot(xs, [p["tau"][e]["all"]["tau"] for _, p in pts], marker="o", label=f"{variant} {e}")
+            measured = [(x, p["tau"][e]["all"]["tau"]) for x, p in pts if e in p["tau"]]
+            if measured:
+                axes[1].plot(*zip(*measured), marker="o", label=f"{variant} {e}")
     for ax, ylabel, title in ((axes[0], "top-1 accuracy, TTT step 0", "Teacher-forced accuracy (held-out answers)"),
                               (axes[1], "tau (all prompts)", "Engine tau (fp32, greedy)")):
         ax.set_xscale("log")

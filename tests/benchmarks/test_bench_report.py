@@ -181,21 +181,25 @@ def test_learning_curve_section(tmp_path):
 
     rd = tmp_path / "results"
     acc = lambda tau: {"tau": tau, "per_position": [0.2], "verify_steps": 10, "accepted": 2, "prompts": 1}
-    for positions, tau in ((1000, 1.25), (3000, 1.5)):
+    # the first point predates chain k=5 (only the engines of ALWAYS_MEASURED)
+    for positions, tau, engines in ((1000, 1.25, lc.ALWAYS_MEASURED), (3000, 1.5, tuple(lc.ENGINES))):
         lc.append_point({
             "schema": 1, "date": "2026-01-01T00:00:00", "label": f"run{positions}", "variant": "eagle3.1",
             "drafter": "d", "machine": "Test CPU", "setting": {"dtype": "float32", "batch_size": 1,
-                                                                "max_new_tokens": 64},
+                                                                "max_new_tokens": 64,
+                                                                "engines": {e: {} for e in engines}},
             "training": {"token_positions": positions, "token_positions_source": "test", "data": [],
                          "settings": {}, "steps": 3},
             "heldout_set": {"file": "h.jsonl.gz", "sha1": "abc", "answers": ["a"], "humaneval": ["h"],
                             "sharegpt": ["s"]},
             "teacher_forced": {"strict": [0.25, 0.125], "in_vocab": [0.3, 0.2]},
-            "tau": {e: {n: acc(tau) for n in ("humaneval", "sharegpt", "all")} for e in lc.ENGINES}},
+            "tau": {e: {n: acc(tau) for n in ("humaneval", "sharegpt", "all")} for e in engines}},
             rd / "learning_curve.jsonl")
     docs = tmp_path / "benchmarks.md"
     section = open(report.render(results_dir=str(rd), docs_path=str(docs))).read().split("## Learning curve", 1)[1]
-    assert "| 2026-01-01 | run3000 | eagle3.1 | 3000 | 3 | 0.250 / 0.125 | 1.50 / 1.50 / 1.50 |" in section
+    assert ("| 2026-01-01 | run3000 | eagle3.1 | 3000 | 3 | 0.250 / 0.125 | 1.50 / 1.50 / 1.50 | 1.50 / 1.50 / 1.50 "
+            "| 1.50 / 1.50 / 1.50 |") in section
+    assert "| run1000 | eagle3.1 | 1000 | 3 | 0.250 / 0.125 | 1.25 / 1.25 / 1.25 | 1.25 / 1.25 / 1.25 | – |" in section
     assert "1 humaneval + 1 sharegpt prompts" in section
     assert "(results/learning_curve.png)" in section and (rd / "learning_curve.png").is_file()
 

@@ -111,6 +111,17 @@ def test_trainer_appends_its_point(tiny, heldout_path, tmp_path, monkeypatch):
     del bad["tau"][tree]
     with pytest.raises(ValueError, match=f"tau.{tree}"):
         lc.append_point(bad, curve)
+    # chain k=5 came later: a point without it is whole when its setting does not list it
+    old = copy.deepcopy(point)
+    del old["tau"]["chain-k5"], old["setting"]["engines"]["chain-k5"]
+    assert lc.validate_point(old) is old
+    del bad["setting"]["engines"][tree]
+    with pytest.raises(ValueError, match="setting.engines must list"):
+        lc.validate_point(bad)
+    bad = copy.deepcopy(point)
+    del bad["tau"]["chain-k5"]
+    with pytest.raises(ValueError, match="tau.chain-k5"):
+        lc.validate_point(bad)
     curve.write_text(curve.read_text() + json.dumps(dict(point, schema="1")) + "\n")
     with pytest.raises(ValueError, match="curve.jsonl:2: .*'schema'"):
         lc.read_curve(curve)
