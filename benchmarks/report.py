@@ -15,6 +15,7 @@ rendered whole: a table of every point and learning_curve.png.
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import sys
@@ -28,13 +29,22 @@ ANALYSIS_FILE = "analysis.md"
 # ----------------------------------------------------------------------------- loading
 
 
+RESULT_SUFFIXES = (".json.gz", ".json")  # older results are committed gzipped
+
+
+def result_stem(path: str) -> str:
+    """A result file's path without its suffix (the prefix of its PNGs)."""
+    return next(path[: -len(s)] for s in RESULT_SUFFIXES + ("",) if path.endswith(s))
+
+
 def load_results(results_dir: str) -> list[dict]:
     out = []
-    for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+    paths = sorted(p for s in RESULT_SUFFIXES for p in glob.glob(os.path.join(results_dir, "*" + s)))
+    for path in paths:
         try:
-            with open(path) as f:
+            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
                 r = json.load(f)
-        except (OSError, json.JSONDecodeError):
+        except (OSError, EOFError, json.JSONDecodeError):
             continue
         if not isinstance(r, dict) or "suite" not in r or "machine" not in r:
             continue
@@ -91,8 +101,7 @@ def _rel(path: str, docs_path: str) -> str:
 
 
 def _png(r: dict, what: str) -> str:
-    stem = os.path.splitext(r["_path"])[0]
-    return f"{stem}-{what}.png"
+    return f"{result_stem(r['_path'])}-{what}.png"
 
 
 def _plt():

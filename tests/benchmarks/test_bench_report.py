@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -38,7 +39,7 @@ def _workload(name, dataset, b, temp=0.0, ctx=None):
 
 
 def _write(path, obj):
-    with open(path, "w") as f:
+    with (gzip.open(path, "wt") if str(path).endswith(".gz") else open(path, "w")) as f:
         json.dump(obj, f)
 
 
@@ -56,7 +57,8 @@ def results(tmp_path):
                                                      _workload("long/1024/b1/T0", "long", 1, ctx=1024)]})
     _write(rd / "speed-quick-0.json", {**head, "suite": "speed", "mode": "quick", "date": "2025-01-01T00:00:00",
                                        "workloads": []})
-    _write(rd / "drift-quick-1.json", {**head, "suite": "drift", "mode": "quick", "date": "2026-01-01T00:00:00",
+    # older results are committed gzipped
+    _write(rd / "drift-quick-1.json.gz", {**head, "suite": "drift", "mode": "quick", "date": "2026-01-01T00:00:00",
                                        "settings": {"depth": 3, "sink_tokens": 4, "prompt_query_min_pos": 16,
                                                     "max_new_tokens": 64},
                                        "drafters": [{"random_init": True}], "notes": [],
@@ -133,7 +135,7 @@ def test_render_writes_tables_captions_and_figures(results, tmp_path):
             assert "*Command:*" in window and "*date:*" in window, lines[i - 1]
     pngs = [p for p in os.listdir(results) if p.endswith(".png")]
     assert {"speed-quick-1-speedup.png", "speed-quick-1-acceptance.png", "speed-quick-1-tau-context.png",
-            "drift-quick-1-hidden-norm.png", "drift-quick-1-drift-tau.png"} <= set(pngs)
+            "drift-quick-1-hidden-norm.png", "drift-quick-1-drift-tau.png"} <= set(pngs)  # named by the stem
     for p in pngs:
         if p.startswith(("speed-quick-1", "drift-quick-1")):
             assert f"../results/{p}" in text
