@@ -207,6 +207,10 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "max_length"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"{name} must be a positive integer or null, got {v!r}")
         if self.ttt_length > self.seq_len - 2:
             raise ConfigError(f"ttt_length {self.ttt_length} needs seq_len >= ttt_length + 2")
         if self.labels not in ttt.LABELS:

@@ -302,6 +302,10 @@ def test_config_errors_and_overrides(tmp_path):
     assert cli.load_config(parser.parse_args(["--labels", "hard"])).labels == "hard"
     with pytest.raises(ConfigError, match="labels must be one of"):
         cli.load_config(parser.parse_args(["--set", "labels=argmax"]))
+    for bad_value in ("0", "-8", "1.5"):  # 0 must not fall back to the target's width
+        with pytest.raises(ConfigError, match="intermediate_size must be a positive integer or null"):
+            cli.load_config(parser.parse_args(["--set", f"intermediate_size={bad_value}"]))
+    assert cli.load_config(parser.parse_args(["--set", "intermediate_size=3072"])).intermediate_size == 3072
     configs = sorted((Path(__file__).resolve().parents[2] / "train" / "configs").glob("*.yaml"))
     assert len(configs) >= 4
     for path in configs:  # every shipped config parses
