@@ -685,8 +685,8 @@ def render_learning_curve(points: list[dict], png_path: str, docs_path: str) -> 
         tr = p["training"]
         rows.append([p["date"][:10], p["label"], p["variant"], fmt(tr["token_positions"]), fmt(tr.get("steps")),
                      " / ".join(f"{x:.3f}" for x in p["teacher_forced"]["strict"]),
-                     *[" / ".join(fmt(p["tau"][e][n]["tau"]) for n in (*PROMPT_SETS, "all")) if e in p["tau"] else fmt(None)
-                       for e in ENGINES],
+                     *[" / ".join(fmt(p["tau"][e][n]["tau"]) for n in (*PROMPT_SETS, "all"))
+                       if e in p["tau"] else fmt(None) for e in ENGINES],
                      p["machine"]])
     out.append(table(["date", "label", "variant", "token positions", "steps", "teacher-forced strict per TTT step",
                       *[f"tau {e} ({' / '.join((*PROMPT_SETS, 'all'))})" for e in ENGINES], "machine"], rows))

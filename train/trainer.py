@@ -23,9 +23,10 @@ layers must equal the configured ones; a larger configured
 ``draft_vocab_size`` widens its vocabulary (train/cli.py adds the most
 frequent ids of the data, `widen_lm_head` head columns for them mapped from
 the target's), and a larger ``intermediate_size`` its MLP (`widen_mlp`: new
-units whose down-projection rows are zero, so the function is unchanged). ``resume_from`` (a committed training
-state, train/state.py) does the same with the state's drafter, continues the
-state's data cursor when the data order is the same, and adds the state's
+units whose down-projection rows are zero, so the function is unchanged).
+``resume_from`` (a committed training state, train/state.py) does the same
+with the state's drafter, continues the state's data cursor when the data
+order is the same, and adds the state's
 steps and token positions to the run's; ``export_state`` writes the run's
 end state (its exported drafter, steps, token positions, cursor, data,
 settings) to a state directory; ``learning_curve`` appends the run's point to
@@ -202,15 +203,13 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be float32 or bfloat16, got {getattr(self, name)!r}")
         if self.export_dtype not in (None, "float32", "bfloat16"):
             raise ConfigError(f"export_dtype must be float32, bfloat16 or null, got {self.export_dtype!r}")
+        nullable = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "max_length")
         for name in ("steps", "batch_size", "seq_len", "ttt_length", "draft_vocab_size",
-                     "save_every", "max_to_keep", "log_every", "eval_k"):
+                     "save_every", "max_to_keep", "log_every", "eval_k", *nullable):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "max_length"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ConfigError(f"{name} must be a positive integer or null, got {v!r}")
+            if (v is not None or name not in nullable) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"{name} must be a positive integer{' or null' if name in nullable else ''}, "
+                                  f"got {v!r}")
         if self.ttt_length > self.seq_len - 2:
             raise ConfigError(f"ttt_length {self.ttt_length} needs seq_len >= ttt_length + 2")
         if self.labels not in ttt.LABELS:
@@ -544,7 +543,8 @@ def plot_curves(log_path, png_path) -> None:
 # ----------------------------------------------------------------------------- trainer
 
 # Settings whose change makes a resumed run differ from the uninterrupted one.
-_RESUME_KEYS = ("variant", "draft_vocab_size", "intermediate_size", "batch_size", "seq_len", "bucket_lengths", "ttt_length",
+_RESUME_KEYS = ("variant", "draft_vocab_size", "intermediate_size", "batch_size", "seq_len", "bucket_lengths",
+                "ttt_length",
                 "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
                 "grad_clip", "dtype", "target_dtype", "param_dtype", "seed", "data", "max_conversations", "target",
                 "steps", "init_from", "resume_from")

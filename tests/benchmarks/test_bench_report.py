@@ -201,7 +201,8 @@ def test_learning_curve_section(tmp_path):
     section = open(report.render(results_dir=str(rd), docs_path=str(docs))).read().split("## Learning curve", 1)[1]
     assert ("| 2026-01-01 | run3000 | eagle3.1 | 3000 | 3 | 0.250 / 0.125 | 1.50 / 1.50 / 1.50 | 1.50 / 1.50 / 1.50 "
             "| 1.50 / 1.50 / 1.50 |") in section
-    assert "| run1000 | eagle3.1 | 1000 | 3 | 0.250 / 0.125 | 1.25 / 1.25 / 1.25 | 1.25 / 1.25 / 1.25 | – |" in section
+    assert ("| run1000 | eagle3.1 | 1000 | 3 | 0.250 / 0.125 | 1.25 / 1.25 / 1.25 | 1.25 / 1.25 / 1.25 | – |"
+            in section)
     assert "1 humaneval + 1 sharegpt prompts" in section
     assert "(results/learning_curve.png)" in section and (rd / "learning_curve.png").is_file()
 
