@@ -17,8 +17,10 @@ demo: setup
 	$(VENV)/bin/eagle-jax generate --prompt "Write a Python function that checks whether a number is prime." --max-new-tokens 128 --disable-by-batch-size none
 
 # The test suite CI runs (heavy cases are marked `slow` and excluded).
+# --max-worker-restart=0: under --dist loadfile, pytest-xdist 3.8 can wait forever after it
+# replaces a crashed worker (pytest-xdist#784); a crash must fail the run at once, naming the test.
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --max-worker-restart=0
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

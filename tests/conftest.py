@@ -82,6 +82,21 @@ def jit_forward():
     return jax.jit(target.forward, static_argnums=(1,), static_argnames=("aux_layers", "impl"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop JAX's compiled programs after each test file.
+
+    Every XLA:CPU executable holds about five memory mappings until it is released, and
+    Linux allows a process 65,530 (`vm.max_map_count`). An xdist worker that keeps every
+    program of half the suite reaches that limit, and the next compile then dies in a
+    segfault inside XLA (seen at 91-92% of full runs, in `tests/train/test_state.py`).
+    Files do not share compiled programs worth keeping, so clearing costs little."""
+    yield
+    import jax
+
+    jax.clear_caches()
+
+
 @pytest.fixture(autouse=True)
 def _speculate_at_every_batch_size(monkeypatch):
     """Tests check speculative decoding at batch sizes past the CPU default of
