@@ -25,8 +25,9 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # `eagle_jax.runtime.enable_compilation_cache`). With one, two local full runs crashed
 # inside JAX's cache code (a segfault in `get_executable_and_time`, an abort in
 # `put_executable_and_time`); a CI run with a directory per worker then lost a worker to a
-# segfault at 92% (its log kept no stack of the crashing thread). Set the variable to a
-# directory to test with the cache.
+# segfault at 92% (its log kept no stack of the crashing thread). Those crashes were
+# probably the mapping exhaustion that `_release_compiled_programs` below prevents; the
+# cache stays off all the same. Set the variable to a directory to test with the cache.
 os.environ.setdefault("EAGLE_JAX_XLA_CACHE", "off")
 
 
@@ -87,10 +88,10 @@ def _release_compiled_programs():
     """Drop JAX's compiled programs after each test file.
 
     Every XLA:CPU executable holds about five memory mappings until it is released, and
-    Linux allows a process 65,530 (`vm.max_map_count`). An xdist worker that keeps every
-    program of half the suite reaches that limit, and the next compile then dies in a
-    segfault inside XLA (seen at 91-92% of full runs, in `tests/train/test_state.py`).
-    Files do not share compiled programs worth keeping, so clearing costs little."""
+    Linux allows a process 65,530 (`vm.max_map_count`). An xdist worker that kept every
+    program of half the suite reached 54k, and runs died at 91-92% in a segfault inside
+    an XLA compile (`tests/train/test_state.py`). Cleared per file, a worker peaked at
+    16.7k and the suite took as long (benchmarks/results/analysis.md)."""
     yield
     import jax
 
