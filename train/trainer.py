@@ -109,6 +109,19 @@ VARIANTS = {"eagle3": dict(fc_norm=False, norm_output=False),
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+def _as_float(name: str, v: Any) -> float:
+    """`v` as a float; a numeric string is read as its number, since YAML 1.1 (PyYAML) reads `2e-4`,
+    written without a decimal point, as the string '2e-4'."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    raise ConfigError(f"{name} must be a number, got {v!r}")
+
+
 @dataclass
 class TrainConfig:
     """Every setting of a training run (the keys a YAML/JSON config may hold)."""
@@ -210,6 +223,9 @@ class TrainConfig:
             if (v is not None or name not in nullable) and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{name} must be a positive integer{' or null' if name in nullable else ''}, "
                                   f"got {v!r}")
+        for name in ("heldout_fraction", "step_decay", "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2",
+                     "grad_clip"):
+            setattr(self, name, _as_float(name, getattr(self, name)))
         if self.ttt_length > self.seq_len - 2:
             raise ConfigError(f"ttt_length {self.ttt_length} needs seq_len >= ttt_length + 2")
         if self.labels not in ttt.LABELS:

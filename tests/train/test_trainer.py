@@ -306,6 +306,10 @@ def test_config_errors_and_overrides(tmp_path):
         with pytest.raises(ConfigError, match="intermediate_size must be a positive integer or null"):
             cli.load_config(parser.parse_args(["--set", f"intermediate_size={bad_value}"]))
     assert cli.load_config(parser.parse_args(["--set", "intermediate_size=3072"])).intermediate_size == 3072
+    # YAML 1.1 reads 2e-4 (no decimal point) as a string: it must still be the number 2e-4
+    assert cli.load_config(parser.parse_args(["--set", "lr=2e-4"])).lr == 2e-4
+    with pytest.raises(ConfigError, match="lr must be a number, got 'fast'"):
+        cli.load_config(parser.parse_args(["--set", "lr=fast"]))
     configs = sorted((Path(__file__).resolve().parents[2] / "train" / "configs").glob("*.yaml"))
     assert len(configs) >= 4
     for path in configs:  # every shipped config parses
