@@ -417,7 +417,7 @@ def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: flo
         logits = ttt.unroll(p, dcfg, embed.astype(compute_dtype), batch["aux"].astype(compute_dtype),
                             batch["input_ids"], batch["lengths"], ttt_length, impl=impl)
         return ttt.ttt_loss(logits, batch["target_logits"], batch["in_vocab"], batch["loss_mask"],
-                            step_decay=step_decay, labels=labels)
+                            step_decay=step_decay, labels=labels, impl=impl)
 
     @partial(jax.jit, donate_argnums=(0,))
     def train_step(state, embed, batch):

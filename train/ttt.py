@@ -58,6 +58,7 @@ from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
 from eagle_jax.models import drafter
 from eagle_jax.models.layers import rotated_heads
+from eagle_jax.spec.sampling import greedy
 
 __all__ = ["LABELS", "step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
 
@@ -224,7 +225,7 @@ LABELS = ("soft", "hard")
 
 
 def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, *,
-             step_decay: float = 0.8, labels: str = "soft"):
+             step_decay: float = 0.8, labels: str = "soft", impl: str = "auto"):
     """Weighted cross-entropy over the TTT steps, against soft or hard labels.
 
     draft_logits: L arrays [B, T, Vd]; target_logits [B, T, Vd] (target at
@@ -232,7 +233,8 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
     (1 = response token, indexed by label position); labels: "soft" (the
     target's distribution over the draft vocab) or "hard" (its argmax, which
     on weighted positions is the full-vocab argmax). Returns (loss, metrics)
-    with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L].
+    with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L]; the accuracy's
+    argmaxes run through `sampling.greedy` (`impl`: natively on CPU).
     """
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
@@ -247,7 +249,7 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
         lab = jnp.concatenate([lm[:, 2 + i:], jnp.zeros_like(lm[:, :1])], axis=1)  # mask[t+2+i]
         w = lab * iv[:, 1 + i:]
         d = logits[:, :n].astype(jnp.float32)
-        top = jnp.argmax(tgt, -1)
+        top = greedy(jax.lax.stop_gradient(tgt), impl=impl)
         if labels == "soft":
             ce = optax.softmax_cross_entropy(d, jax.nn.softmax(tgt, axis=-1))
         else:
@@ -255,7 +257,7 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
         cnt = jnp.sum(w)
         denom = jnp.maximum(cnt, 1.0)
         loss_i = jnp.sum(ce * w) / denom
-        hit = (jnp.argmax(d, -1) == top).astype(jnp.float32)
+        hit = (greedy(jax.lax.stop_gradient(d), impl=impl) == top).astype(jnp.float32)
         accs.append(jnp.sum(hit * w) / denom)
         losses.append(loss_i)
         counts.append(cnt)

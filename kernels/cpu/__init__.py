@@ -29,6 +29,8 @@ reproduces single-token steps bit for bit (greedy speculative == plain).
   (XLA:CPU runs a bf16 scatter by converting the whole cache to f32 and back).
 * `embed(table, ids)`: embedding rows (XLA:CPU gathers a bf16 row from an f32
   copy of the whole table).
+* `transpose(x)`: a 2-D transpose XLA cannot fold into the dot that reads it
+  (training's bf16 backward dots).
 * `argmax(x)`: the first maximal index of each float32 row: a vectorised max,
   then a scan that stops at that index (the XLA path reduces the whole row twice).
 * `kth_largest_key(x, k)`, `top_p_cut_key(probs, p)`: the thresholds of the
@@ -153,7 +155,7 @@ def _load() -> None:
                              ("eagle_attention", lib.EagleAttention),
                              ("eagle_cache_write", lib.EagleCacheWrite),
                              ("eagle_cache_compact", lib.EagleCacheCompact), ("eagle_embed", lib.EagleEmbed),
-                             ("eagle_argmax", lib.EagleArgmax), ("eagle_kth_largest", lib.EagleKthLargest),
+                             ("eagle_transpose", lib.EagleTranspose), ("eagle_argmax", lib.EagleArgmax), ("eagle_kth_largest", lib.EagleKthLargest),
                              ("eagle_top_p_cut", lib.EagleTopPCut)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
         _state["amx"] = bool(lib.EagleAmxAvailable()) and os.environ.get(AMX_ENV, "1") != "0"
@@ -445,6 +447,20 @@ def embed(table, ids):
     require()
     out = jax.ShapeDtypeStruct((*ids.shape, table.shape[1]), table.dtype)
     return jax.ffi.ffi_call("eagle_embed", out)(table, ids.astype(jnp.int32))
+
+
+def transpose(x):
+    """x [R, C] (2- or 4-byte elements) -> x.T [C, R], in memory.
+
+    XLA:CPU folds a transpose into the dot that reads it, and a bf16 dot with
+    a transposed operand runs as an f32 dot: [1408, 16384] @ [16384, 576]
+    took 258 ms that way against 49 ms for the same dot on a transposed copy
+    (one Xeon core). This copy is one XLA cannot fold (training's backward
+    dots, `eagle_jax.kernels.fused_norm_matmul.matmul`)."""
+    require()
+    if x.ndim != 2 or x.dtype.itemsize not in (2, 4):
+        raise ValueError(f"transpose takes a [R, C] array of 2- or 4-byte elements, got {x.shape} {x.dtype}")
+    return jax.ffi.ffi_call("eagle_transpose", jax.ShapeDtypeStruct(x.shape[::-1], x.dtype))(x)
 
 
 def argmax(x):

@@ -28,6 +28,8 @@
 //                    step over the first rows of a batch reads no other row.
 //   eagle_embed      rows of an embedding table (XLA:CPU gathers a bf16 row
 //                    from an f32 copy of the whole table).
+//   eagle_transpose  a 2-D transpose that XLA cannot fold into a dot (training's
+//                    bf16 backward dots, eagle_jax.kernels.cpu.transpose).
 //   eagle_argmax     the first maximal index of each f32 row (greedy tokens).
 //   eagle_kth_largest, eagle_top_p_cut
 //                    the thresholds of the top-k and top-p sampling filters:
@@ -1403,6 +1405,40 @@ ffi::Error EmbedImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids, ffi::Resul
   return ffi::Error::Success();
 }
 
+// out[C, R] = x[R, C]^T for 2- or 4-byte elements, in 32 x 32 blocks (each
+// block's rows of x and of out span a few cache lines). XLA:CPU folds a
+// transpose into the dot that reads it, and its bf16 dot with a transposed
+// operand runs as an f32 dot at a quarter of the speed (see
+// eagle_jax.kernels.cpu.transpose): a transpose it cannot see stays a copy.
+template <typename T>
+void transpose_blocks(ffi::ThreadPool& pool, const T* x, T* out, int64_t R, int64_t C) {
+  constexpr int64_t kB = 32;
+  const int64_t row_blocks = (R + kB - 1) / kB;
+  parallel_for(pool, row_blocks, [&](int64_t rb) {
+    const int64_t r0 = rb * kB, r1 = std::min(R, r0 + kB);
+    for (int64_t c0 = 0; c0 < C; c0 += kB) {
+      const int64_t c1 = std::min(C, c0 + kB);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) out[c * R + r] = x[r * C + c];
+    }
+  });
+}
+
+ffi::Error TransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+  auto d = x.dimensions();
+  const size_t elem = d.size() == 2 && d[0] * d[1] > 0 ? x.size_bytes() / size_t(d[0] * d[1]) : 0;
+  if (d.size() != 2 || out->element_type() != x.element_type() || out->size_bytes() != x.size_bytes() ||
+      (elem != 2 && elem != 4))
+    return ffi::Error::InvalidArgument("eagle_transpose: x must be a non-empty [R, C] of 2- or 4-byte elements");
+  if (elem == 2)
+    transpose_blocks(pool, static_cast<const uint16_t*>(x.untyped_data()), static_cast<uint16_t*>(out->untyped_data()),
+                     d[0], d[1]);
+  else
+    transpose_blocks(pool, static_cast<const uint32_t*>(x.untyped_data()), static_cast<uint32_t*>(out->untyped_data()),
+                     d[0], d[1]);
+  return ffi::Error::Success();
+}
+
 // out[r] = the first index of row r's maximum; a row holding a NaN gives V - 1
 // (as the XLA path, whose max is then NaN and matches no element).
 ffi::Error ArgmaxImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Result<ffi::Buffer<ffi::S32>> out) {
@@ -1574,6 +1610,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleArgmax, ArgmaxImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleTranspose, TransposeImpl,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleEmbed, EmbedImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::AnyBuffer>());

@@ -352,6 +352,42 @@ def test_argmax_equals_the_xla_greedy():
     assert int(got[0, 0]) == 7 and int(got[0, 1]) == 100 and int(got[1, 2]) == 100
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("shape", [(1, 1), (33, 65), (100, 7), (64, 96)])
+def test_transpose_equals_numpy(dtype, shape):
+    """Bit for bit, on shapes off the 32 x 32 block, for 4- and 2-byte elements."""
+    x = jnp.asarray(np.random.default_rng(5).standard_normal(shape) * 100, dtype)
+    got = jax.jit(cpu.transpose)(x)
+    assert got.shape == shape[::-1] and got.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x).T)
+
+
+def test_bf16_matmul_gradient_runs_row_major_on_native_transposes():
+    """The XLA-path `matmul` in bf16 differentiates through `_dot_rowmajor`:
+    its gradient is autodiff's (of the same f32-accumulated dot) up to rounding
+    the cotangent to bf16, and the compiled backward holds the native
+    transposes, so XLA had no transpose to fold into a dot."""
+    from eagle_jax.kernels import matmul
+
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.standard_normal((2, 37, 96)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((96, 200)) * 0.1, jnp.float32)
+
+    def loss(fn):
+        return lambda x, w: jnp.sum(jnp.sin(fn(x, w.astype(jnp.bfloat16))))
+
+    ours = jax.jit(jax.grad(loss(lambda x, w: matmul(x, w, out_dtype=jnp.float32)), argnums=(0, 1)))
+    ref = jax.grad(loss(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32)), argnums=(0, 1))
+    for got, want in zip(ours(x, w), ref(x, w)):
+        assert got.dtype == want.dtype
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(got - want) <= 0.01 * np.linalg.norm(want)
+    hlo = ours.lower(x, w).compile().as_text()
+    assert hlo.count('custom_call_target="eagle_transpose"') == 2
+    forward = jax.jit(loss(lambda x, w: matmul(x, w, out_dtype=jnp.float32))).lower(x, w).compile().as_text()
+    assert "eagle_transpose" not in forward
+
+
 def test_without_a_compiler_auto_falls_back_and_native_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("EAGLE_JAX_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
@@ -378,6 +414,10 @@ def test_bad_inputs_get_clear_errors():
                    norm_weight=jnp.ones((7,), jnp.bfloat16))
     with pytest.raises(ValueError, match="residual must be"):
         cpu.matmul(jnp.zeros((2, 8)), cpu.pack_weight(np.zeros((8, 4), np.float32)), residual=jnp.zeros((2, 5)))
+    with pytest.raises(ValueError, match="2- or 4-byte"):
+        cpu.transpose(jnp.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match="2- or 4-byte"):
+        cpu.transpose(jnp.zeros((2, 3), jnp.int8))
     a = _attention_inputs(np.random.default_rng(0), "float32", d=32)
     with pytest.raises(ValueError, match="head_dim 64 or 128"):
         _native_attention(a, 0)
