@@ -1,6 +1,6 @@
 """Where a drafter training step goes, and what bfloat16 compute buys: feature pass and train step timed apart.
 
-Usage: python -P -m eagle_jax.benchmarks.train_step [--json out.json] [--batches 4] [--draft-vocab-size 8192]
+Usage: python -P -m eagle_jax.benchmarks.train_step [--json out.json] [--batches 4] [--draft-vocab-size 16384]
 
 The real target (SmolLM2-135M-Instruct, float32 weights) and the first
 `--batches` batches (4 x 448, length buckets) of the committed regenerated data
@@ -81,7 +81,7 @@ def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the results to this file")
     p.add_argument("--batches", type=int, default=4)
-    p.add_argument("--draft-vocab-size", type=int, default=8192)
+    p.add_argument("--draft-vocab-size", type=int, default=16384)
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +97,7 @@ def main(argv=None) -> list[dict]:
     if args.json:
         cmd = "python -P -m eagle_jax.benchmarks.train_step" + (
             f" --batches {args.batches}" if args.batches != 4 else "") + (
-            f" --draft-vocab-size {args.draft_vocab_size}" if args.draft_vocab_size != 8192 else "")
+            f" --draft-vocab-size {args.draft_vocab_size}" if args.draft_vocab_size != 16384 else "")
         with open(args.json, "w") as f:
             json.dump({"command": cmd, "machine": jax.devices()[0].device_kind, "results": rows}, f, indent=1)
     return rows

@@ -71,10 +71,13 @@ def _nondraft_max(normed, w, t2d, chunk: int):
 
 def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[int, ...],
                     target_ids, t2d, argmax_mode: str = "chunked", vocab_chunk: int = 8192,
-                    impl: str = "auto"):
+                    impl: str = "auto", forward_params=None):
     """Target pass over tokens [B, T] -> (aux, normed final hidden [B, T, H], in_vocab [B, T]).
 
     target_ids [Vd] int32 (draft id -> target id), t2d [V] bool.
+    forward_params: the same target prepared for the native kernels
+    (`target.prepare_for_decoding`), for the decoder layers; the head's
+    columns are picked from `tparams`.
     argmax_mode: "chunked" (exact, vocab chunks), "full" (exact, one [B,T,V]
     matmul) or "skip" (in_vocab all True).
     """
@@ -82,8 +85,8 @@ def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[in
     dtype = tparams["embed"].dtype
     cache = target.create_cache(tcfg, b, t, dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden, _, aux = target.forward(tparams, tcfg, tokens, positions, cache,
-                                    aux_layers=aux_layers, impl=impl)
+    hidden, _, aux = target.forward(tparams if forward_params is None else forward_params, tcfg, tokens,
+                                    positions, cache, aux_layers=aux_layers, impl=impl)
     normed = rms_norm(hidden, tparams["final_norm"], tcfg.rms_norm_eps)
     w = target.lm_head_weight(tparams, tcfg)
     if argmax_mode == "skip":
@@ -110,15 +113,15 @@ def draft_vocab_logits(tparams, tcfg: TargetConfig, normed, target_ids):
 
 def make_feature_fn(tcfg: TargetConfig, aux_layers: Sequence[int], *, argmax_mode: str = "chunked",
                     vocab_chunk: int = 8192, impl: str = "auto", return_normed: bool = False):
-    """A jitted ``fn(tparams, tokens, target_ids, t2d) -> Features`` (or
-    ``(Features, normed)`` with ``return_normed``, for the disk cache)."""
+    """A jitted ``fn(tparams, tokens, target_ids, t2d, forward_params=None) -> Features``
+    (or ``(Features, normed)`` with ``return_normed``, for the disk cache)."""
     aux_layers = tuple(int(i) for i in aux_layers)
 
     @jax.jit
-    def fn(tparams, tokens, target_ids, t2d):
+    def fn(tparams, tokens, target_ids, t2d, forward_params=None):
         aux, normed, in_vocab = target_features(
             tparams, tcfg, tokens, aux_layers=aux_layers, target_ids=target_ids, t2d=t2d,
-            argmax_mode=argmax_mode, vocab_chunk=vocab_chunk, impl=impl)
+            argmax_mode=argmax_mode, vocab_chunk=vocab_chunk, impl=impl, forward_params=forward_params)
         feats = Features(aux, draft_vocab_logits(tparams, tcfg, normed, target_ids), in_vocab)
         return (feats, normed) if return_normed else feats
 

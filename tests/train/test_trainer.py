@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from eagle_jax.config import ConfigError, TargetConfig
+from eagle_jax.kernels import resolve_impl
 from eagle_jax.models import drafter, target
 
 TCFG = TargetConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
@@ -491,6 +492,25 @@ def test_init_from_a_narrower_mlp_widens_it_without_changing_the_function(setup,
         Trainer(narrower, TCFG, tparams, train, vocab).init_state()
 
 
+@pytest.mark.skipif(resolve_impl("auto") != "native", reason="the native CPU kernels do not load here")
+def test_feature_pass_on_packed_weights_matches_the_xla_pass(setup, tmp_path):
+    """Where the native kernels load, the trainer's feature pass runs the decoder layers on packed
+    weights: the features of the plain XLA pass up to f32 summation order."""
+    from eagle_jax.train import features as F
+    from eagle_jax.train.trainer import Trainer, iter_batches
+
+    tparams, train, vocab = setup
+    tr = Trainer(small_cfg(tmp_path, steps=2), TCFG, tparams, train, vocab)
+    assert tr.forward_params is not None
+    batch = next(iter_batches(train, 4, 64))
+    got = tr.batch_features(batch)
+    want = F.make_feature_fn(TCFG, (1, 2, 3), impl="xla")(tparams, jnp.asarray(batch["input_ids"]),
+                                                          vocab.target_ids, vocab.t2d)
+    np.testing.assert_allclose(np.asarray(got["aux"]), np.asarray(want.aux), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got["target_logits"]), np.asarray(want.logits), rtol=1e-4, atol=1e-4)
+    assert np.mean(np.asarray(got["in_vocab"]) == np.asarray(want.in_vocab)) >= 0.99
+
+
 def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
     """target_dtype: the features are those of the bf16-cast target (an independent feature fn), handed to the
     float32 drafter as float32; the drafter's parameters and step stay float32."""
@@ -502,7 +522,9 @@ def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
     batch = next(iter_batches(train, 4, 64))
     got = tr.batch_features(batch)
     bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tparams)
-    want = F.make_feature_fn(TCFG, (1, 2, 3))(bf16, jnp.asarray(batch["input_ids"]), vocab.target_ids, vocab.t2d)
+    packed = target.prepare_for_decoding(bf16, TCFG) if resolve_impl("auto") == "native" else None
+    want = F.make_feature_fn(TCFG, (1, 2, 3))(bf16, jnp.asarray(batch["input_ids"]), vocab.target_ids, vocab.t2d,
+                                              packed)
     assert got["aux"].dtype == jnp.float32 and want.aux.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got["aux"]), np.asarray(want.aux.astype(jnp.float32)))
     np.testing.assert_array_equal(np.asarray(got["target_logits"]), np.asarray(want.logits))
