@@ -511,6 +511,41 @@ def test_feature_pass_on_packed_weights_matches_the_xla_pass(setup, tmp_path):
     assert np.mean(np.asarray(got["in_vocab"]) == np.asarray(want.in_vocab)) >= 0.99
 
 
+@pytest.mark.skipif(resolve_impl("auto") != "native", reason="the native CPU kernels do not load here")
+def test_bf16_drafter_gradient_equals_autodiff(setup, tmp_path, monkeypatch):
+    """dtype=bfloat16: the drafter's dots differentiate row-major on native transposes
+    (kernels.fused_norm_matmul._dot); the gradient of the TTT loss is autodiff's through
+    jnp.dot up to rounding the dots' cotangents to bf16, and the compiled step holds the
+    transposes."""
+    from eagle_jax.kernels import cpu
+    from eagle_jax.train import ttt
+    from eagle_jax.train.trainer import Trainer, iter_batches
+
+    tparams, train, vocab = setup
+    tr = Trainer(small_cfg(tmp_path, steps=2, dtype="bfloat16"), TCFG, tparams, train, vocab)
+    params = tr.init_state()["params"]
+    b = tr.batch_features(next(iter_batches(train, 4, 64)))
+    bf16 = jnp.bfloat16
+
+    def loss(params):
+        p = jax.tree.map(lambda x: x.astype(bf16), params)
+        logits = ttt.unroll(p, tr.dcfg, jnp.asarray(tparams["embed"], bf16), b["aux"], b["input_ids"],
+                            b["lengths"], 3)
+        return ttt.ttt_loss(logits, b["target_logits"], b["in_vocab"], b["loss_mask"])[0]
+
+    ours = jax.jit(jax.grad(loss))
+    assert ours.lower(params).compile().as_text().count('custom_call_target="eagle_transpose"') >= 8
+    got = ours(params)
+    monkeypatch.setattr(cpu, "available", lambda: False)  # _dot falls back to jnp.dot
+    want = jax.jit(jax.grad(loss))(params)
+    for name in ("fc", "lm_head"):
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert np.linalg.norm(g - w) <= 0.02 * np.linalg.norm(w), name
+    for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+        g, w = np.asarray(got["layer"][name]), np.asarray(want["layer"][name])
+        assert np.linalg.norm(g - w) <= 0.02 * np.linalg.norm(w), name
+
+
 def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
     """target_dtype: the features are those of the bf16-cast target (an independent feature fn), handed to the
     float32 drafter as float32; the drafter's parameters and step stay float32."""
