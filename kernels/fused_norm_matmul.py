@@ -101,23 +101,24 @@ def _segment_rms_norm(x, norm_weights, *, eps, segments):
     return normed.reshape(x.shape)
 
 
-def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None, out_dtype=None):
-    """Plain-XLA path: normalise each segment in f32, scale, cast, matmul."""
+def rms_norm_matmul_reference(x, norm_weights, w, *, eps, segments=1, bias=None, out_dtype=None, impl="xla"):
+    """Plain-XLA path: normalise each segment in f32, scale, cast, matmul (`impl` as `matmul`'s)."""
     normed = _segment_rms_norm(x, norm_weights, eps=eps, segments=segments)
-    return matmul(normed, w, bias, out_dtype=out_dtype)
+    return matmul(normed, w, bias, out_dtype=out_dtype, impl=impl)
 
 
 def _add_bias(y, bias):
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
-def matmul(x, w, bias=None, *, out_dtype=None, residual=None):
+def matmul(x, w, bias=None, *, out_dtype=None, residual=None, impl="auto"):
     """x [..., K] @ w (+ bias) with f32 accumulation, result in out_dtype
     (default x.dtype), rounded once; with `residual` [..., N] (in out_dtype),
     ``residual + that`` (a decoder layer's ``h + o_proj(attn)``).
 
-    w is a [K, N] array or a `LayerWeight` (XLA dot, w cast to x.dtype) or a
-    `PackedWeight` (the native CPU kernel, the residual add inside it)."""
+    w is a [K, N] array or a `LayerWeight` (XLA dot, w cast to x.dtype; its
+    gradient as `_dot` says for `impl`) or a `PackedWeight` (the native CPU
+    kernel, the residual add inside it)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if isinstance(w, LayerWeight):
         w = w.get()
@@ -126,19 +127,19 @@ def matmul(x, w, bias=None, *, out_dtype=None, residual=None):
     if isinstance(w, PackedWeight):
         y = cpu.matmul(x, w)
     else:
-        y = _dot(x, w.astype(x.dtype))
+        y = _dot(x, w.astype(x.dtype), impl)
     y = _add_bias(y, bias).astype(out_dtype)
     return y if residual is None else residual + y
 
 
-def _dot(x, w):
+def _dot(x, w, impl):
     """x [..., K] @ w [K, N] (one dtype), accumulated and returned in f32.
 
-    bf16 on CPU, with the native kernels and no multi-device mesh, takes
-    `_dot_rowmajor`'s gradient: autodiff's backward dots read a transposed
-    operand, and XLA:CPU runs a bf16 dot with a transposed operand as an f32
-    one (a drafter's head-sized gradient: 1.23 s against 0.46 s, one Xeon core)."""
-    if x.dtype == jnp.bfloat16 and cpu.available() and jax.sharding.get_abstract_mesh().size <= 1:
+    In bf16 where `impl` resolves to the native CPU kernels, off a multi-device
+    mesh, the gradient is `_dot_rowmajor`'s: autodiff's backward dots take the
+    f32 cotangent and a transposed operand, and XLA:CPU runs either as an f32
+    dot (benchmarks/results/analysis.md, "Training twice as fast on CPU")."""
+    if x.dtype == jnp.bfloat16 and resolve_impl(impl) == "native" and _multi_device_mesh() is None:
         return _dot_rowmajor(x, w)
     return jnp.dot(x, w, preferred_element_type=jnp.float32)
 
@@ -153,9 +154,10 @@ def _dot_rowmajor_fwd(x, w):
 
 
 def _dot_rowmajor_bwd(res, g):
-    """dx = g @ w.T and dw = x.T @ g as row-major bf16 dots (f32 sums) on copies
-    transposed by the native kernel, which XLA cannot fold back into the dots;
-    the f32 cotangent g is rounded to bf16 first, as mixed-precision training does."""
+    """dx = g @ w.T [..., K] and dw = x.T @ g [K, N] as row-major bf16 dots (f32
+    sums) on copies transposed by the native kernel, which XLA cannot fold back
+    into the dots; the f32 cotangent g [..., N] is rounded to bf16 first, as
+    mixed-precision training does."""
     x, w = res
     k, n = w.shape
     g2 = g.reshape(-1, n).astype(x.dtype)
@@ -333,7 +335,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
         return matmul(normed, w, bias, out_dtype=out_dtype)
     if impl in ("xla", "native"):
         return rms_norm_matmul_reference(x, norm_weights, w, eps=eps, segments=segments, bias=bias,
-                                         out_dtype=out_dtype)
+                                         out_dtype=out_dtype, impl=impl)
     stack, layer = (w.stack, w.layer.astype(jnp.int32)) if isinstance(w, LayerWeight) else (w, None)
 
     target = _resolve_target(impl, target)
@@ -346,6 +348,12 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     return y.reshape(*lead, n).astype(out_dtype or x.dtype)
 
 
+def _multi_device_mesh():
+    """The context mesh (`jax.set_mesh`) when it spans more than one device, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or mesh.size == 1 else mesh
+
+
 def _on_mesh(apply, x2, g, w, bias, layer, column_axis):
     """apply(x2 [M, K], g, w [..., K, N], bias [N] or None, layer) -> [M, N], on each device's
     block under the context mesh (`shard_map`): the rows split on its ``data`` axis and w's
@@ -354,8 +362,8 @@ def _on_mesh(apply, x2, g, w, bias, layer, column_axis):
     Without a context mesh of more than one device, `apply` as it is."""
     from jax.sharding import PartitionSpec as P
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    mesh = _multi_device_mesh()
+    if mesh is None:
         return apply(x2, g, w, bias, layer)
 
     def axis(name, size):

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import sys
@@ -111,16 +112,19 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def _as_float(name: str, v: Any) -> float:
-    """`v` as a float; a numeric string is read as its number, since YAML 1.1 (PyYAML) reads `2e-4`,
-    written without a decimal point, as the string '2e-4'."""
+    """`v` as a finite float; a numeric string is read as its number, since YAML 1.1 (PyYAML) reads
+    `2e-4`, written without a decimal point, as the string '2e-4'."""
+    f = None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, str):
+        f = float(v)
+    elif isinstance(v, str):
         try:
-            return float(v)
+            f = float(v)
         except ValueError:
             pass
-    raise ConfigError(f"{name} must be a number, got {v!r}")
+    if f is None or not math.isfinite(f):
+        raise ConfigError(f"{name} must be a finite number, got {v!r}")
+    return f
 
 
 @dataclass

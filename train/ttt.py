@@ -233,8 +233,9 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
     (1 = response token, indexed by label position); labels: "soft" (the
     target's distribution over the draft vocab) or "hard" (its argmax, which
     on weighted positions is the full-vocab argmax). Returns (loss, metrics)
-    with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L]; the accuracy's
-    argmaxes run through `sampling.greedy` (`impl`: natively on CPU).
+    with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L]. The argmaxes
+    (the accuracy's, and the hard labels) run through `sampling.greedy` (`impl`:
+    natively on CPU).
     """
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")

@@ -86,7 +86,7 @@ def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = 
     if cfg.norm_before_fc:
         return fused_norm_matmul(aux, params["input_norm"], params["fc"], eps=cfg.rms_norm_eps,
                                  impl=impl, column_axis=_FC_COLUMNS)
-    return matmul(aux, params["fc"])
+    return matmul(aux, params["fc"], impl=impl)
 
 
 def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend, *,
@@ -114,7 +114,7 @@ def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend,
                             segments=2, bias=layer.get("bqkv"), impl=impl)
     cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
     out, extra = attend(qkv, cos, sin)
-    h = matmul(out, layer["wo"], layer.get("bo"), residual=residual)
+    h = matmul(out, layer["wo"], layer.get("bo"), residual=residual, impl=impl)
     h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps,
                    groups=cfg.fused_groups, impl=impl)
     return h, extra

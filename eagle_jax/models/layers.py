@@ -61,4 +61,5 @@ def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, groups=1, impl="auto"):
     """h + down(silu(gate(n)) * up(n)) with n = rms_norm(h): the MLP block with
     its residual; the norm is fused into gate/up, the residual add into down.
     groups: the config's `fused_groups` ([gate | up] in that many column groups)."""
-    return matmul(norm_swiglu(h, norm_w, w_gate_up, eps=eps, groups=groups, impl=impl), w_down, residual=h)
+    return matmul(norm_swiglu(h, norm_w, w_gate_up, eps=eps, groups=groups, impl=impl), w_down, residual=h,
+                  impl=impl)

@@ -100,7 +100,7 @@ def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
     qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
                             bias=p.get("bqkv"), impl=impl)
     attn, k, v, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native)
-    h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h)
+    h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
     h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, groups=cfg.fused_groups,
                    impl=impl)
     return h, k, v, cache

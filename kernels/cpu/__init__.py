@@ -155,7 +155,8 @@ def _load() -> None:
                              ("eagle_attention", lib.EagleAttention),
                              ("eagle_cache_write", lib.EagleCacheWrite),
                              ("eagle_cache_compact", lib.EagleCacheCompact), ("eagle_embed", lib.EagleEmbed),
-                             ("eagle_transpose", lib.EagleTranspose), ("eagle_argmax", lib.EagleArgmax), ("eagle_kth_largest", lib.EagleKthLargest),
+                             ("eagle_transpose", lib.EagleTranspose),
+                             ("eagle_argmax", lib.EagleArgmax), ("eagle_kth_largest", lib.EagleKthLargest),
                              ("eagle_top_p_cut", lib.EagleTopPCut)):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(symbol), platform="cpu")
         _state["amx"] = bool(lib.EagleAmxAvailable()) and os.environ.get(AMX_ENV, "1") != "0"
@@ -450,13 +451,10 @@ def embed(table, ids):
 
 
 def transpose(x):
-    """x [R, C] (2- or 4-byte elements) -> x.T [C, R], in memory.
-
-    XLA:CPU folds a transpose into the dot that reads it, and a bf16 dot with
-    a transposed operand runs as an f32 dot: [1408, 16384] @ [16384, 576]
-    took 258 ms that way against 49 ms for the same dot on a transposed copy
-    (one Xeon core). This copy is one XLA cannot fold (training's backward
-    dots, `eagle_jax.kernels.fused_norm_matmul.matmul`)."""
+    """x [R, C] (2- or 4-byte elements) -> x.T [C, R], in memory: a transpose
+    XLA cannot fold into the dot that reads it (XLA:CPU runs a bf16 dot with a
+    transposed operand as an f32 dot; training's backward dots,
+    `eagle_jax.kernels.fused_norm_matmul._dot`)."""
     require()
     if x.ndim != 2 or x.dtype.itemsize not in (2, 4):
         raise ValueError(f"transpose takes a [R, C] array of 2- or 4-byte elements, got {x.shape} {x.dtype}")

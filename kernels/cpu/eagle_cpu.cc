@@ -1426,10 +1426,12 @@ void transpose_blocks(ffi::ThreadPool& pool, const T* x, T* out, int64_t R, int6
 
 ffi::Error TransposeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
   auto d = x.dimensions();
-  const size_t elem = d.size() == 2 && d[0] * d[1] > 0 ? x.size_bytes() / size_t(d[0] * d[1]) : 0;
-  if (d.size() != 2 || out->element_type() != x.element_type() || out->size_bytes() != x.size_bytes() ||
-      (elem != 2 && elem != 4))
-    return ffi::Error::InvalidArgument("eagle_transpose: x must be a non-empty [R, C] of 2- or 4-byte elements");
+  if (d.size() != 2 || out->element_type() != x.element_type() || out->size_bytes() != x.size_bytes())
+    return ffi::Error::InvalidArgument("eagle_transpose: x must be [R, C] and out [C, R] in its dtype");
+  if (d[0] * d[1] == 0) return ffi::Error::Success();
+  const size_t elem = x.size_bytes() / size_t(d[0] * d[1]);
+  if (elem != 2 && elem != 4)
+    return ffi::Error::InvalidArgument("eagle_transpose: elements must be 2 or 4 bytes");
   if (elem == 2)
     transpose_blocks(pool, static_cast<const uint16_t*>(x.untyped_data()), static_cast<uint16_t*>(out->untyped_data()),
                      d[0], d[1]);

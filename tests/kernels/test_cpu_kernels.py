@@ -353,7 +353,7 @@ def test_argmax_equals_the_xla_greedy():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
-@pytest.mark.parametrize("shape", [(1, 1), (33, 65), (100, 7), (64, 96)])
+@pytest.mark.parametrize("shape", [(1, 1), (33, 65), (100, 7), (64, 96), (0, 5)])
 def test_transpose_equals_numpy(dtype, shape):
     """Bit for bit, on shapes off the 32 x 32 block, for 4- and 2-byte elements."""
     x = jnp.asarray(np.random.default_rng(5).standard_normal(shape) * 100, dtype)
@@ -386,6 +386,11 @@ def test_bf16_matmul_gradient_runs_row_major_on_native_transposes():
     assert hlo.count('custom_call_target="eagle_transpose"') == 2
     forward = jax.jit(loss(lambda x, w: matmul(x, w, out_dtype=jnp.float32))).lower(x, w).compile().as_text()
     assert "eagle_transpose" not in forward
+    # not asked for: impl="xla", or f32 operands
+    xla = jax.grad(loss(lambda x, w: matmul(x, w, out_dtype=jnp.float32, impl="xla")), argnums=(0, 1))
+    assert "eagle_transpose" not in jax.jit(xla).lower(x, w).compile().as_text()
+    f32 = jax.grad(lambda x, w: jnp.sum(jnp.sin(matmul(x, w, out_dtype=jnp.float32))), argnums=(0, 1))
+    assert "eagle_transpose" not in jax.jit(f32).lower(x.astype(jnp.float32), w).compile().as_text()
 
 
 def test_without_a_compiler_auto_falls_back_and_native_says_why(monkeypatch, tmp_path):

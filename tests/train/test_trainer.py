@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -309,8 +310,9 @@ def test_config_errors_and_overrides(tmp_path):
     assert cli.load_config(parser.parse_args(["--set", "intermediate_size=3072"])).intermediate_size == 3072
     # YAML 1.1 reads 2e-4 (no decimal point) as a string: it must still be the number 2e-4
     assert cli.load_config(parser.parse_args(["--set", "lr=2e-4"])).lr == 2e-4
-    with pytest.raises(ConfigError, match="lr must be a number, got 'fast'"):
-        cli.load_config(parser.parse_args(["--set", "lr=fast"]))
+    for bad_value in ("fast", ".nan", "inf"):
+        with pytest.raises(ConfigError, match="lr must be a finite number"):
+            cli.load_config(parser.parse_args(["--set", f"lr={bad_value}"]))
     configs = sorted((Path(__file__).resolve().parents[2] / "train" / "configs").glob("*.yaml"))
     assert len(configs) >= 4
     for path in configs:  # every shipped config parses
@@ -501,9 +503,11 @@ def test_feature_pass_on_packed_weights_matches_the_xla_pass(setup, tmp_path):
 
     tparams, train, vocab = setup
     tr = Trainer(small_cfg(tmp_path, steps=2), TCFG, tparams, train, vocab)
-    assert tr.forward_params is not None
     batch = next(iter_batches(train, 4, 64))
     got = tr.batch_features(batch)
+    compiled = tr.feature_fn.lower(tr.feature_params, jnp.asarray(batch["input_ids"]), tr.target_ids, tr.t2d,
+                                   tr.forward_params).compile().as_text()
+    assert 'custom_call_target="eagle_matmul"' in compiled
     want = F.make_feature_fn(TCFG, (1, 2, 3), impl="xla")(tparams, jnp.asarray(batch["input_ids"]),
                                                           vocab.target_ids, vocab.t2d)
     np.testing.assert_allclose(np.asarray(got["aux"]), np.asarray(want.aux), rtol=1e-4, atol=1e-4)
@@ -512,12 +516,11 @@ def test_feature_pass_on_packed_weights_matches_the_xla_pass(setup, tmp_path):
 
 
 @pytest.mark.skipif(resolve_impl("auto") != "native", reason="the native CPU kernels do not load here")
-def test_bf16_drafter_gradient_equals_autodiff(setup, tmp_path, monkeypatch):
+def test_bf16_drafter_gradient_equals_autodiff(setup, tmp_path):
     """dtype=bfloat16: the drafter's dots differentiate row-major on native transposes
     (kernels.fused_norm_matmul._dot); the gradient of the TTT loss is autodiff's through
     jnp.dot up to rounding the dots' cotangents to bf16, and the compiled step holds the
     transposes."""
-    from eagle_jax.kernels import cpu
     from eagle_jax.train import ttt
     from eagle_jax.train.trainer import Trainer, iter_batches
 
@@ -527,17 +530,18 @@ def test_bf16_drafter_gradient_equals_autodiff(setup, tmp_path, monkeypatch):
     b = tr.batch_features(next(iter_batches(train, 4, 64)))
     bf16 = jnp.bfloat16
 
-    def loss(params):
+    def loss(params, impl):
         p = jax.tree.map(lambda x: x.astype(bf16), params)
         logits = ttt.unroll(p, tr.dcfg, jnp.asarray(tparams["embed"], bf16), b["aux"], b["input_ids"],
-                            b["lengths"], 3)
-        return ttt.ttt_loss(logits, b["target_logits"], b["in_vocab"], b["loss_mask"])[0]
+                            b["lengths"], 3, impl=impl)
+        return ttt.ttt_loss(logits, b["target_logits"], b["in_vocab"], b["loss_mask"], impl=impl)[0]
 
-    ours = jax.jit(jax.grad(loss))
+    ours = jax.jit(jax.grad(partial(loss, impl="auto")))
     assert ours.lower(params).compile().as_text().count('custom_call_target="eagle_transpose"') >= 8
     got = ours(params)
-    monkeypatch.setattr(cpu, "available", lambda: False)  # _dot falls back to jnp.dot
-    want = jax.jit(jax.grad(loss))(params)
+    xla = jax.jit(jax.grad(partial(loss, impl="xla")))  # jnp.dot, differentiated by JAX
+    assert "eagle_transpose" not in xla.lower(params).compile().as_text()
+    want = xla(params)
     for name in ("fc", "lm_head"):
         g, w = np.asarray(got[name]), np.asarray(want[name])
         assert np.linalg.norm(g - w) <= 0.02 * np.linalg.norm(w), name
