@@ -141,16 +141,18 @@ def _dot(x, w, impl):
     dot (benchmarks/results/analysis.md, "Training twice as fast on CPU")."""
     if x.dtype == jnp.bfloat16 and resolve_impl(impl) == "native" and _multi_device_mesh() is None:
         return _dot_rowmajor(x, w)
+    return _dot_f32(x, w)
+
+
+def _dot_f32(x, w):
     return jnp.dot(x, w, preferred_element_type=jnp.float32)
 
 
-@jax.custom_vjp
-def _dot_rowmajor(x, w):
-    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+_dot_rowmajor = jax.custom_vjp(_dot_f32)  # the same product, with `_dot_rowmajor_bwd` as its gradient
 
 
 def _dot_rowmajor_fwd(x, w):
-    return _dot_rowmajor(x, w), (x, w)
+    return _dot_f32(x, w), (x, w)
 
 
 def _dot_rowmajor_bwd(res, g):

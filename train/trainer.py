@@ -606,7 +606,7 @@ class Trainer:
         self.feature_params = (target_params if jax.tree.leaves(target_params)[0].dtype == feature_dtype
                                else jax.tree.map(lambda x: jnp.asarray(x, feature_dtype), target_params))
         # the decoder layers of the feature pass run on the native kernels' packed weights where they load
-        # (their matmuls 1.5 -> 1.15 s over 4 x 352 tokens, one Xeon core)
+        # (benchmarks/results/analysis.md, "Training twice as fast on CPU")
         self.forward_params = (target.prepare_for_decoding(self.feature_params, target_cfg, impl=cfg.impl)
                                if resolve_impl(cfg.impl) == "native" else None)
         self.param_dtype = _DTYPES[cfg.param_dtype]
