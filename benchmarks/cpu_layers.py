@@ -35,8 +35,9 @@ def main(repeats: int) -> dict:
     tok, pos = jnp.array([[42]], jnp.int32), jnp.array([[100]], jnp.int32)
 
     def step(params, cache):
-        h, cache, _ = target.forward(params, cfg, tok, pos, cache)
-        return target.logits(params, cfg, h[:, -1]), cache
+        model = target.Target(cfg, params)
+        h, cache, _ = model(tok, pos, cache)
+        return model.logits(h[:, -1]), cache
 
     step_jit = jax.jit(step, donate_argnums=1)
 

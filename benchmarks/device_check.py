@@ -308,8 +308,9 @@ def teacher_forced_logits(gen, ids: list[int], bucket: int = 32) -> np.ndarray:
     toks = jnp.asarray([ids + [0] * (width - n)], jnp.int32)
     cache = target.create_cache(gen.target_cfg, 1, width, gen.target_params["embed"].dtype)
     pos = jnp.arange(width, dtype=jnp.int32)[None]
-    h, _, _ = target.forward(gen.target_params, gen.target_cfg, toks, pos, cache, impl=gen.impl)
-    return np.asarray(target.logits(gen.target_params, gen.target_cfg, h[:, n - 1], impl=gen.impl)[0])
+    model = target.Target(gen.target_cfg, gen.target_params)
+    h, _, _ = model(toks, pos, cache, impl=gen.impl)
+    return np.asarray(model.logits(h[:, n - 1], impl=gen.impl)[0])
 
 
 def canary(gen, prompts, plain_ids) -> dict:

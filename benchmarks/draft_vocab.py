@@ -81,7 +81,8 @@ def step_costs(sizes, rounds: int = 15, dtype: str = "bfloat16") -> dict:
         cache = drafter.create_cache(cfg, 1, 320, embed.dtype).replace(lengths=jnp.array([256], jnp.int32))
         args = (jnp.full((1, 1), 42, jnp.int32), jnp.full((1, 1, cfg.hidden_size), 0.1, embed.dtype),
                 jnp.full((1, 1), 256, jnp.int32))
-        f = jax.jit(lambda p, c, tok, hid, pos, cfg=cfg: drafter.step(p, cfg, tok, hid, pos, c, embed=embed)[0])
+        f = jax.jit(lambda p, c, tok, hid, pos, cfg=cfg: drafter.Drafter(cfg, p).step(tok, hid, pos, c,
+                                                                                       embed=embed)[0])
         jax.block_until_ready(f(params, cache, *args))
         head = sum(x.nbytes for x in jax.tree.leaves(params["lm_head"]))
         calls[v] = (f, params, cache, args, head)

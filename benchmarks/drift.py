@@ -25,7 +25,7 @@ prompt this module measures, teacher-free, from the end of the prompt:
 
 The attention probabilities are recomputed here from the drafter's own
 parameters (the q/k projection, RoPE and GQA grouping of
-``eagle_jax.models.drafter.step``), alongside the real ``drafter.step``
+``eagle_jax.models.drafter.Drafter.step``), alongside the real ``Drafter.step``
 calls that advance the cache; model code is not modified.
 
 Contexts: short prompts (HumanEval, held-out ShareGPT) and the long-context
@@ -49,7 +49,7 @@ PROMPT_QUERY_MIN_POS = 16
 
 
 def attention_probe(dparams, dcfg, tokens, hidden, positions, cache, embed, valid_len):
-    """Sink share and input RMS for the queries of one `drafter.step` call.
+    """Sink share and input RMS for the queries of one `Drafter.step` call.
 
     tokens [B, T], hidden [B, T, H] (the step's hidden input), positions [B, T];
     cache: the drafter KV cache *before* the step (committed slots = positions
@@ -100,7 +100,7 @@ def _make_target_chunk(cfg, aux_layers):
 
     @jax.jit
     def f(tparams, tokens, positions, cache):
-        return target.forward(tparams, cfg, tokens, positions, cache, aux_layers=aux_layers)
+        return target.Target(cfg, tparams)(tokens, positions, cache, aux_layers=aux_layers)
 
     return f
 
@@ -110,10 +110,10 @@ def _make_drafter_step(dcfg, with_features: bool):
 
     @jax.jit
     def f(dparams, embed, tokens, x, positions, cache, valid_len, logits_at):
-        hidden = drafter.project_features(dparams, dcfg, x) if with_features else x
+        model = drafter.Drafter(dcfg, dparams)
+        hidden = model.project_features(x) if with_features else x
         sink, rms = attention_probe(dparams, dcfg, tokens, hidden, positions, cache, embed, valid_len)
-        logits, feedback, cache = drafter.step(dparams, dcfg, tokens, hidden, positions, cache,
-                                               embed=embed, logits_at=logits_at)
+        logits, feedback, cache = model.step(tokens, hidden, positions, cache, embed=embed, logits_at=logits_at)
         return sink, rms, logits[:, 0], feedback, cache
 
     return f
@@ -150,7 +150,7 @@ def probe_prompt(target_cfg, tparams, dcfg, dparams, vocab, ids: list[int], dept
         auxes.append(aux)
         if s <= n - 1 < s + c:
             last_h = h[:, n - 1 - s]
-    first = int(jnp.argmax(target.logits(tparams, target_cfg, last_h), -1)[0])
+    first = int(jnp.argmax(target.Target(target_cfg, tparams).logits(last_h), -1)[0])
     dtok = np.zeros((1, p), np.int32)
     dtok[0, :n - 1] = ids[1:]
     dtok[0, n - 1] = first

@@ -151,7 +151,7 @@ def layer_matmuls(params, cfg, x):
 def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
     """Where one decode step's time goes (batch 1, one token, float32).
 
-    * the full step (target.forward + final norm + lm_head + argmax), isolated;
+    * the full step (the Target call + final norm + lm_head + argmax), isolated;
     * the decoding loop's time per token with KV-cache buffers of 192 ... 8192
       slots and the same short prompt (attention reads every slot of the buffer);
     * the same step's weight matmuls alone (an unrolled loop over the layers doing
@@ -168,8 +168,9 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
 
     @jax.jit
     def one(params, tok, pos, cache):
-        h, cache, _ = target.forward(params, cfg, tok, pos, cache)
-        return jnp.argmax(target.logits(params, cfg, h[:, 0]), -1), cache
+        model = target.Target(cfg, params)
+        h, cache, _ = model(tok, pos, cache)
+        return jnp.argmax(model.logits(h[:, 0]), -1), cache
 
     tok = jnp.array([[ids[0][-1]]], jnp.int32)
     out = {}
@@ -197,12 +198,12 @@ def decode_step_profile(gen, ids, cache_len: int, repeats: int = 20) -> dict:
     @jax.jit
     def matmuls(params, x):  # params with per-layer buffers, as the Generator decodes on CPU
         x = layer_matmuls(params, cfg, x)
-        return jnp.argmax(jnp.dot(x, target.lm_head_weight(params, cfg)), -1)
+        return jnp.argmax(jnp.dot(x, target.Target(cfg, params).lm_head_weight()), -1)
 
     x = jnp.ones((1, cfg.hidden_size), params["embed"].dtype) * 0.01
     out["matmuls_only_ms"] = median_ms(matmuls, target.unstack_layers(params), x, repeats=repeats)
     head = jax.jit(lambda w, x: jnp.argmax(jnp.dot(x, w), -1))
-    out["lm_head_only_ms"] = median_ms(head, target.lm_head_weight(params, cfg), x, repeats=repeats)
+    out["lm_head_only_ms"] = median_ms(head, target.Target(cfg, params).lm_head_weight(), x, repeats=repeats)
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cache_len * cfg.head_dim * 4
     out.update({"weight_bytes": nbytes, "kv_cache_bytes_read": kv_bytes, "cache_len": cache_len})

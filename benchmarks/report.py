@@ -613,7 +613,7 @@ def render_step_cost(r: dict, docs_path: str) -> str:
     bw = r.get("bandwidth_gbps")
     out = [f"### Step cost ({r.get('mode')}, {r.get('date', '?')[:10]})", "", caption(r), "",
            f"Streaming bandwidth {fmt(bw, 1)} GB/s (XLA `x + 1`, read + write). Target forward = "
-           f"`target.forward` + logits on the decoding parameters, {st.get('context')} committed tokens; "
+           f"`Target` call + logits on the decoding parameters, {st.get('context')} committed tokens; "
            f"median of {st.get('repeats')} calls. *floor*: weight bytes / bandwidth.", ""]
     series = {}
     for dtype, d in r.get("dtypes", {}).items():

@@ -9,7 +9,7 @@ Measured in one run, each as a ratio to a baseline of the same run:
   bytes read + written per second), and from it the *bandwidth floor* of a
   decode step: the bytes of the target's weights (its packed lm_head
   included) over that bandwidth.
-* `forward`: the engine's real target forward (`target.forward` + logits on
+* `forward`: the engine's real target forward (`Target` call + logits on
   the parameters `Generator` decodes with, 8 forwards in one jitted loop, a
   committed context of `context` tokens) over M = 1, 2, 3, 5, 8, 12, 16, 32 new tokens per row,
   batch 1 and 4; median ms, ratio to M = 1 and to the floor. Plus M = 1 at a
@@ -106,8 +106,9 @@ def forward_loop(gen, inner: int):
     def many(params, cache, tok, pos):
         def body(_, carry):
             cache, acc = carry
-            h, cache, _ = target.forward(params, cfg, tok, pos, cache, impl=gen.impl)
-            return cache, acc + target.logits(params, cfg, h, impl=gen.impl)[:, -1, 0]
+            model = target.Target(cfg, params)
+            h, cache, _ = model(tok, pos, cache, impl=gen.impl)
+            return cache, acc + model.logits(h, impl=gen.impl)[:, -1, 0]
         return jax.lax.fori_loop(0, inner, body, (cache, jnp.zeros((tok.shape[0],), jnp.float32)))
 
     return jax.jit(many, donate_argnums=1)
@@ -155,11 +156,11 @@ def drafter_costs(gen, context: int, repeats: int) -> dict:
         tok = jnp.full((1, t), 42, jnp.int32)
         hid = jnp.full((1, t, dcfg.hidden_size), 0.1, dtype)
         pos = jnp.full((1, t), context, jnp.int32)
-        f = jax.jit(lambda p, c, tok=tok, hid=hid, pos=pos: drafter.step(p, dcfg, tok, hid, pos, c, embed=embed,
-                                                                         impl=gen.impl)[0])
+        f = jax.jit(lambda p, c, tok=tok, hid=hid, pos=pos: drafter.Drafter(dcfg, p).step(
+            tok, hid, pos, c, embed=embed, impl=gen.impl)[0])
         out[f"step_T{t}"] = _median_ms(lambda: f(dparams, cache), repeats)
     aux = jnp.full((1, gen.spec.depth + 1, dcfg.fc_in_size), 0.1, dtype)
-    fp = jax.jit(lambda p: drafter.project_features(p, dcfg, aux, impl=gen.impl))
+    fp = jax.jit(lambda p: drafter.Drafter(dcfg, p).project_features(aux, impl=gen.impl))
     out["project_features"] = _median_ms(lambda: fp(dparams), repeats)
     out["weight_bytes"] = _param_bytes({k: v for k, v in dparams.items() if k != "embed"})
     return out

@@ -28,7 +28,7 @@ from eagle_jax.kernels import resolve_impl
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
-from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, MeshShape, make_mesh, shard_cache, shard_model, to_host
+from eagle_jax.sharding import MeshShape, make_mesh, shard_cache, shard_model, to_host
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
@@ -97,10 +97,11 @@ class Generator:
         if self.drafter_params is not None:
             self.drafter_params = drafter_model.prepare_for_decoding(self.drafter_params, impl=impl)
         if self.mesh is not None:
-            target_cfg, self.target_params = shard_model(target_cfg, self.target_params, TARGET_AXES, self.mesh)
+            target_cfg, self.target_params = shard_model(target_model.Target, target_cfg, self.target_params,
+                                                         self.mesh)
             if self.drafter_params is not None:
-                self.drafter_cfg, self.drafter_params = shard_model(self.drafter_cfg, self.drafter_params,
-                                                                    DRAFTER_AXES, self.mesh)
+                self.drafter_cfg, self.drafter_params = shard_model(drafter_model.Drafter, self.drafter_cfg,
+                                                                    self.drafter_params, self.mesh)
         self.target_cfg = target_cfg
         if self.drafter_cfg is not None and self.drafter_cfg.vocab_size != target_cfg.vocab_size:
             raise ValueError(f"drafter vocab_size {self.drafter_cfg.vocab_size} != target vocab_size "

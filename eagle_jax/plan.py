@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
-from eagle_jax.sharding import CACHE_AXES, DRAFTER_AXES, TARGET_AXES, MeshShape, parse_mesh, per_device_elements
+from eagle_jax.sharding import CACHE_AXES, MeshShape, axes_at, logical_axes, parse_mesh, per_device_elements
 
 __all__ = ["add_arguments", "main", "plan", "resolve_config"]
 
@@ -58,13 +58,12 @@ def resolve_config(name_or_path: str) -> dict:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
 
 
-def _leaf_bytes(tree, axes: dict, mesh: MeshShape, heads) -> int:
-    """Bytes one device holds of an abstract parameter tree whose leaves `axes` names."""
-    total = 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        name = path[-1].key
-        total += per_device_elements(leaf.shape, axes[name], mesh, heads) * leaf.dtype.itemsize
-    return total
+def _leaf_bytes(model_type, cfg, tree, mesh: MeshShape, heads) -> int:
+    """Bytes one device holds of an abstract parameter tree, by the logical axes the
+    module (`model_type`) gives each leaf."""
+    axes = logical_axes(model_type(cfg, tree))
+    return sum(per_device_elements(leaf.shape, axes_at(axes, path), mesh, heads) * leaf.dtype.itemsize
+               for path, leaf in jax.tree_util.tree_leaves_with_path(tree))
 
 
 def _cache_bytes(cache, mesh: MeshShape, heads) -> int:
@@ -99,8 +98,9 @@ def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Mesh
     slots = context + verify_tokens
     theads = (target_cfg.num_heads, target_cfg.num_kv_heads, target_cfg.head_dim)
     parts = {
-        "target weights": _leaf_bytes(jax.eval_shape(partial(target.init_params, target_cfg, dtype=dt), key),
-                                      TARGET_AXES, mesh, theads),
+        "target weights": _leaf_bytes(target.Target, target_cfg,
+                                      jax.eval_shape(partial(target.init_params, target_cfg, dtype=dt), key),
+                                      mesh, theads),
         "target KV cache": _cache_bytes(jax.eval_shape(partial(target.create_cache, target_cfg, batch, slots, dt)),
                                         mesh, theads),
         "target activations": _activation_bytes(target_cfg, mesh, rows, verify_tokens, slots,
@@ -108,8 +108,9 @@ def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Mesh
     }
     if drafter_cfg is not None:
         dheads = (drafter_cfg.num_heads, drafter_cfg.num_kv_heads, drafter_cfg.head_dim)
-        parts["drafter weights"] = _leaf_bytes(jax.eval_shape(partial(drafter.init_params, drafter_cfg, dtype=dt), key),
-                                               DRAFTER_AXES, mesh, dheads)
+        parts["drafter weights"] = _leaf_bytes(
+            drafter.Drafter, drafter_cfg, jax.eval_shape(partial(drafter.init_params, drafter_cfg, dtype=dt), key),
+            mesh, dheads)
         parts["drafter KV cache"] = _cache_bytes(
             jax.eval_shape(partial(drafter.create_cache, drafter_cfg, batch, slots, dt)), mesh, dheads)
         parts["drafter activations"] = _activation_bytes(drafter_cfg, mesh, rows, verify_tokens, slots,

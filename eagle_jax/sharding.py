@@ -1,8 +1,9 @@
 """Logical axes of the target's and drafter's parameters and caches, and how they map onto a mesh.
 
 A mesh here has two axes, `data` (the batch) and `model` (tensor parallel).
-Every parameter dimension has a logical name (`TARGET_AXES`, `DRAFTER_AXES`,
-by leaf name); `RULES` maps a name onto a mesh axis or None (replicated):
+Every parameter dimension has a logical name, carried by the parameter itself
+(the models' `nnx.Param` metadata, declared in `target.AXES` and `drafter.AXES`);
+`RULES` maps a name onto a mesh axis or None (replicated):
 attention heads, the MLP's hidden dimension and the vocabularies go on
 `model`, the batch on `data`, as jax-ml/jax-llm-examples' llama3 and
 vllm-project/tpu-inference lay out Llama. A dimension is split only where
@@ -19,8 +20,8 @@ its mesh axis divides it, in whole heads:
 - the KV cache (`cache_heads`) splits by KV head as the projection does.
 
 `per_device_elements` gives what one device holds of an array under these
-rules; `eagle-jax plan` (plan.py) adds them up. `shard_params` puts a model's
-parameters on a jax Mesh by them (`Generator(mesh=...)`); the loop then runs
+rules; `eagle-jax plan` (plan.py) adds them up. `shard_model` puts a model's
+parameters on a jax Mesh by the axes its module gives them (`Generator(mesh=...)`); the loop then runs
 through XLA's partitioner, with the other arrays of its state placed by it,
 and the Pallas kernels under `shard_map` on each device's block
 (`kernels.fused_norm_matmul`, reading the mesh `Generator.mesh_scope` sets).
@@ -31,9 +32,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flax import nnx
+
 from eagle_jax.config import ConfigError
 
-__all__ = ["MeshShape", "RULES", "TARGET_AXES", "DRAFTER_AXES", "CACHE_AXES", "parse_mesh",
+__all__ = ["MeshShape", "RULES", "CACHE_AXES", "parse_mesh", "logical_axes", "axes_at",
            "per_device_elements", "partition_spec", "make_mesh", "fused_layout",
            "shard_params", "shard_model", "shard_cache", "to_host"]
 
@@ -46,21 +49,6 @@ RULES: dict[str, str | None] = {
     "target_embed": None, "seq": None,
 }
 
-# Leaf name -> logical axes, in the parameter layout of docs/PARAMS.md (stacked target layers).
-TARGET_AXES: dict[str, tuple[str, ...]] = {
-    "embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"), "final_norm": ("embed",),
-    "attn_norm": ("layers", "embed"), "wqkv": ("layers", "embed", "qkv"), "bqkv": ("layers", "qkv"),
-    "wo": ("layers", "q_heads", "embed"), "bo": ("layers", "embed"),
-    "q_norm": ("layers", "head_dim"), "k_norm": ("layers", "head_dim"),
-    "mlp_norm": ("layers", "embed"), "w_gate_up": ("layers", "embed", "ffw2"), "w_down": ("layers", "ffw", "embed"),
-}
-DRAFTER_AXES: dict[str, tuple[str, ...]] = {
-    "fc": ("aux", "embed"), "fc_norm": ("aux_states", "target_embed"), "input_norm": ("aux",),
-    "norm": ("embed",), "lm_head": ("embed", "draft_vocab"), "embed": ("vocab", "embed"),
-    "input_layernorm": ("embed",), "hidden_norm": ("embed",), "post_attention_layernorm": ("embed",),
-    "wqkv": ("embed2", "qkv"), "bqkv": ("qkv",), "wo": ("q_heads", "embed"), "bo": ("embed",),
-    "w_gate_up": ("embed", "ffw2"), "w_down": ("ffw", "embed"),
-}
 CACHE_AXES = ("layers", "batch", "cache_heads", "seq", "head_dim")  # KVCache.k / .v
 
 
@@ -119,17 +107,14 @@ def per_device_elements(shape: tuple[int, ...], axes: tuple[str, ...], mesh: Mes
     return math.prod(_dim_per_device(a, n, mesh, heads) for a, n in zip(axes, shape))
 
 
-def partition_spec(name: str, shape: tuple[int, ...], table: dict[str, tuple[str, ...]], mesh: MeshShape):
-    """The PartitionSpec of a parameter leaf `name` of `shape` (a stacked target leaf, or one layer's
-    of an unrolled stack: its leading `layers` axis dropped). A dimension its mesh axis does not
-    divide is replicated. Fused q|k|v and gate|up are split into even column blocks: with the
-    columns in groups (`fused_layout`, `shard_model`), block i is group i, whole heads of q, k
-    and v; in the checkpoint's order XLA would move what each slice needs between shards."""
-    axes = table[name]
-    if len(axes) == len(shape) + 1 and axes[0] == "layers":
-        axes = axes[1:]
+def partition_spec(axes: tuple[str, ...], shape: tuple[int, ...], mesh: MeshShape):
+    """The PartitionSpec of a parameter of `shape` with logical `axes`. A dimension its mesh
+    axis does not divide is replicated. Fused q|k|v and gate|up are split into even column
+    blocks: with the columns in groups (`fused_layout`, `shard_model`), block i is group i,
+    whole heads of q, k and v; in the checkpoint's order XLA would move what each slice
+    needs between shards."""
     if len(axes) != len(shape):
-        raise ValueError(f"parameter {name!r} of shape {shape} does not have the axes {axes}")
+        raise ValueError(f"a parameter of shape {shape} does not have the axes {axes}")
     return _spec(axes, shape, mesh)
 
 
@@ -184,8 +169,32 @@ def fused_layout(cfg, model: int):
     return model, {"wqkv": qkv, "bqkv": qkv, "w_gate_up": grouped(cfg.intermediate_size, cfg.intermediate_size)}
 
 
-def shard_params(params, table: dict[str, tuple[str, ...]], mesh, columns: dict | None = None):
-    """Each leaf put on `mesh` by its PartitionSpec: each device receives only its own shard.
+def logical_axes(module: nnx.Module) -> dict:
+    """The logical axes of each parameter of `module`, laid out as the parameters it was
+    built from (a dict per module, a tuple per `nnx.List`): what `shard_params`
+    places them by."""
+    out = {}
+    for name, v in vars(module).items():
+        if isinstance(v, nnx.Param):
+            out[name] = tuple(v.out_sharding)
+        elif isinstance(v, nnx.List):
+            out[name] = tuple(logical_axes(m) for m in v)
+        elif isinstance(v, nnx.Module):
+            out[name] = logical_axes(v)
+    return out
+
+
+def axes_at(axes, path) -> tuple[str, ...]:
+    """The logical axes of the parameter at `path` (a jax key path into the parameters)
+    in `axes`, the same layout with a tuple of names per leaf (`logical_axes`)."""
+    for key in path:
+        axes = axes[key.key if hasattr(key, "key") else key.idx]
+    return axes
+
+
+def shard_params(params, axes, mesh, columns: dict | None = None):
+    """Each leaf put on `mesh` by the PartitionSpec of its logical axes (`axes`: the same
+    layout, a tuple of names per leaf): each device receives only its own shard.
     A host (numpy) leaf, such as a memory-mapped checkpoint tensor, is read slice by slice
     (`jax.make_array_from_callback`): no device, and no process, holds a whole copy of it.
     columns: {leaf name: column order} (`fused_layout`) for leaves to reorder on the way."""
@@ -198,7 +207,7 @@ def shard_params(params, table: dict[str, tuple[str, ...]], mesh, columns: dict 
 
     def put(path, x):
         name = path[-1].key
-        sharding = NamedSharding(mesh, partition_spec(name, x.shape, table, shape))
+        sharding = NamedSharding(mesh, partition_spec(axes_at(axes, path), x.shape, shape))
         order = columns.get(name)
         if isinstance(x, np.ndarray):
             def read(index):
@@ -211,9 +220,10 @@ def shard_params(params, table: dict[str, tuple[str, ...]], mesh, columns: dict 
     return jax.tree_util.tree_map_with_path(put, params)
 
 
-def shard_model(cfg, params, table: dict[str, tuple[str, ...]], mesh):
-    """(cfg, params) of a target or drafter put on `mesh`, the fused projections laid out in
-    groups for its model axis (`fused_layout`; params already in that layout stay so)."""
+def shard_model(model_type, cfg, params, mesh):
+    """(cfg, params) of a target or drafter (`model_type`: `target.Target` or `drafter.Drafter`)
+    put on `mesh` by the logical axes its module gives each parameter, the fused projections
+    laid out in groups for its model axis (`fused_layout`; params already in that layout stay so)."""
     import dataclasses
 
     groups, columns = fused_layout(cfg, mesh.shape["model"])
@@ -222,7 +232,8 @@ def shard_model(cfg, params, table: dict[str, tuple[str, ...]], mesh):
                           f"a model axis of {mesh.shape['model']}")
     if cfg.fused_groups == groups:
         columns = {}
-    return dataclasses.replace(cfg, fused_groups=groups), shard_params(params, table, mesh, columns)
+    axes = logical_axes(model_type(cfg, params))
+    return dataclasses.replace(cfg, fused_groups=groups), shard_params(params, axes, mesh, columns)
 
 
 def shard_cache(cache, mesh):

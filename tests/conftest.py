@@ -9,7 +9,7 @@
 * ``smollm2_hf_model``: the same file loaded by ``transformers`` in float32
   (``LlamaForCausalLM``, eval mode), the independent reference (about 20 s).
 * ``smollm2_hf_tokenizer``: transformers' tokenizer built from the GGUF (about 5 s).
-* ``jit_forward``: ``jax.jit`` of ``target.forward`` with the config static.
+* ``jit_forward``: ``jax.jit`` of ``Target(cfg, params)(...)`` as ``f(params, cfg, ...)``, the config static.
 """
 
 from __future__ import annotations
@@ -80,7 +80,10 @@ def jit_forward():
 
     from eagle_jax.models import target
 
-    return jax.jit(target.forward, static_argnums=(1,), static_argnames=("aux_layers", "impl"))
+    def forward(params, cfg, *args, **kwargs):
+        return target.Target(cfg, params)(*args, **kwargs)
+
+    return jax.jit(forward, static_argnums=(1,), static_argnames=("aux_layers", "impl"))
 
 
 @pytest.fixture(autouse=True, scope="module")

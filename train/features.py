@@ -85,10 +85,11 @@ def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[in
     dtype = tparams["embed"].dtype
     cache = target.create_cache(tcfg, b, t, dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden, _, aux = target.forward(tparams if forward_params is None else forward_params, tcfg, tokens,
-                                    positions, cache, aux_layers=aux_layers, impl=impl)
+    model = target.Target(tcfg, tparams)
+    hidden, _, aux = (model if forward_params is None else target.Target(tcfg, forward_params))(
+        tokens, positions, cache, aux_layers=aux_layers, impl=impl)
     normed = rms_norm(hidden, tparams["final_norm"], tcfg.rms_norm_eps)
-    w = target.lm_head_weight(tparams, tcfg)
+    w = model.lm_head_weight()
     if argmax_mode == "skip":
         in_vocab = jnp.ones((b, t), bool)
     else:
@@ -107,7 +108,7 @@ def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[in
 
 def draft_vocab_logits(tparams, tcfg: TargetConfig, normed, target_ids):
     """normed final hidden [..., H] -> float32 target logits over the draft vocab [..., Vd]."""
-    wd = jnp.take(target.lm_head_weight(tparams, tcfg), target_ids, axis=1)
+    wd = jnp.take(target.Target(tcfg, tparams).lm_head_weight(), target_ids, axis=1)
     return jnp.dot(normed, wd.astype(normed.dtype), preferred_element_type=jnp.float32)
 
 

@@ -10,7 +10,7 @@ Drafter initialisation (`init_drafter_params`): every weight random
 except
 
 * ``lm_head`` = the target's output projection restricted to the draft
-  vocabulary, ``lm_head_weight(target)[:, target_ids]`` ([H, Vd]);
+  vocabulary, ``Target.lm_head_weight()[:, target_ids]`` ([H, Vd]);
 * ``norm`` = the target's final norm ``final_norm``.
 
 Both need ``hidden_size == target hidden_size`` (true for the usual EAGLE-3
@@ -293,7 +293,7 @@ def init_drafter_params(dcfg: DrafterConfig, tcfg: TargetConfig, tparams, vocab:
         if name in params:
             params[name] = ones(params[name])
     if dcfg.hidden_size == tcfg.hidden_size:
-        w = target.lm_head_weight(tparams, tcfg)
+        w = target.Target(tcfg, tparams).lm_head_weight()
         params["lm_head"] = jnp.take(w, vocab.target_ids, axis=1).astype(jnp.float32)
         # a copy: the train step donates the params, which must not alias the target's
         params["norm"] = jnp.array(tparams["final_norm"], jnp.float32, copy=True)
@@ -349,7 +349,7 @@ def widen_lm_head(params: dict, old: drafter.DraftVocab, new: drafter.DraftVocab
     if head.shape[0] != tcfg.hidden_size:
         raise ConfigError(f"cannot widen the draft vocabulary: the drafter's hidden size {head.shape[0]} is not "
                           f"the target's {tcfg.hidden_size}, so the target's lm_head columns do not fit")
-    w = np.asarray(target.lm_head_weight(tparams, tcfg), np.float64)
+    w = np.asarray(target.Target(tcfg, tparams).lm_head_weight(), np.float64)
     a_t, *_ = np.linalg.lstsq(w[:, old_ids].T, head.T, rcond=None)  # w_old.T @ A.T ~= head.T
     out = a_t.T @ w[:, new_ids]
     out[:, np.searchsorted(new_ids, old_ids)] = head

@@ -8,9 +8,9 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
   cache entry ``t`` pairs the target features of position ``t`` with the
   token ``x_{t+1}`` (``eagle_jax.spec.loop``).
 * Step ``i`` (``0 <= i < L``) at drafter position ``t``:
-    - hidden input: ``fc(a_t)`` for ``i = 0`` (``drafter.project_features``),
+    - hidden input: ``fc(a_t)`` for ``i = 0`` (``Drafter.project_features``),
       else the feedback of step ``i-1`` at the same ``t`` (pre-norm for
-      EAGLE-3, post-norm with ``norm_output``: ``drafter.step`` returns the
+      EAGLE-3, post-norm with ``norm_output``: ``Drafter.step`` returns the
       right one);
     - input token ``x_{t+1+i}`` (teacher forcing; 0 when ``t+1+i >= T``);
     - RoPE position ``t + i``;
@@ -31,7 +31,7 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
   position ``t``) sees: step-0 keys with ``t' <= t`` and ``t' < n`` (causal,
   no padding keys); for ``1 <= j <= i`` only ``t' == t`` (the diagonal: the
   drafted tokens of the chain rooted at ``t``); nothing of later steps.
-  Mapping onto ``drafter.step`` (:func:`unroll_reference`): step ``i`` runs with a cache of
+  Mapping onto ``Drafter.step`` (:func:`unroll_reference`): step ``i`` runs with a cache of
   ``(i+1)*T`` slots holding steps ``0..i-1`` in blocks of ``T`` and
   ``lengths = i*T`` (so its own K/V are written to the last block);
   ``slot_mask`` covers the earlier blocks (causal block, then diagonal
@@ -72,7 +72,7 @@ def shift_left(x: jax.Array, k: int, fill=0) -> jax.Array:
 
 
 def step_masks(valid: jax.Array, i: int) -> tuple[jax.Array, jax.Array]:
-    """Attention masks of TTT step i, laid out for `drafter.step`.
+    """Attention masks of TTT step i, laid out for `Drafter.step`.
 
     valid [B, T] bool (real tokens). Returns ``slot_mask [B, T, (i+1)*T]``
     over the cache slots (blocks of T: step 0, steps 1..i-1, then the block
@@ -110,21 +110,22 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
     belong to the same position t, and step i pairs the features at t with
     token ``t + 1 + i`` (shifted here). speculators' ``Eagle3DraftModel.forward``
     instead takes a batch its collator already shifted (its ``input_ids[t]`` is
-    the token after ``hidden_states[t]``), as ``drafter.step`` does: pass
+    the token after ``hidden_states[t]``), as ``Drafter.step`` does: pass
     ``input_ids[:, 1:]`` there for the same pairing.
 
     This is the fast path used for training: the drafter layer of
-    ``drafter.step`` with an attention that scores each query against the
+    ``Drafter.step`` with an attention that scores each query against the
     step-0 keys (one [T, T] causal block) plus its ``i`` diagonal keys (one dot
     product each), instead of against ``(i+1)*T`` cache slots under a dense
     mask. :func:`unroll_reference` is the same computation through
-    ``drafter.step`` and :func:`step_masks`; the tests hold the two equal.
+    ``Drafter.step`` and :func:`step_masks`; the tests hold the two equal.
     """
     b, t = input_ids.shape
     _check_length(num_steps, t)
     valid = jnp.arange(t, dtype=jnp.int32)[None] < lengths[:, None]
     mask0 = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]  # [B, T, T] step-0 keys
-    hidden = drafter.project_features(dparams, dcfg, aux, impl=impl)
+    model = drafter.Drafter(dcfg, dparams)
+    hidden = model.project_features(aux, impl=impl)
     k0 = v0 = None
     dk, dv, out = [], [], []
     for i in range(num_steps):
@@ -137,9 +138,8 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
                 return _ttt_attention(q, k, v, mask0, [], []), (k, v)
             return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v]), (k, v)
 
-        h, (k, v) = drafter.layer_forward(dparams, dcfg, tokens, hidden, positions, attend,
-                                          embed=embed, impl=impl)
-        logits, hidden = drafter.head(dparams, dcfg, h, impl=impl)
+        h, (k, v) = model.layer_forward(tokens, hidden, positions, attend, embed=embed, impl=impl)
+        logits, hidden = model.head(h, impl=impl)
         if i == 0:
             k0, v0 = k, v
         else:
@@ -194,13 +194,14 @@ def _ttt_attention(q, k0, v0, mask0, diag_k, diag_v):
 
 def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_steps: int, *,
                      impl: str = "auto") -> list[jax.Array]:
-    """:func:`unroll` through ``drafter.step`` with a growing cache and :func:`step_masks`
+    """:func:`unroll` through ``Drafter.step`` with a growing cache and :func:`step_masks`
     (dense masks over ``(i+1)*T`` slots at step i: slower, kept as the reference).
     Differentiable with ``impl="xla"`` (the native CPU kernels have no gradient)."""
     b, t = input_ids.shape
     _check_length(num_steps, t)
     valid = jnp.arange(t, dtype=jnp.int32)[None] < lengths[:, None]
-    hidden = drafter.project_features(dparams, dcfg, aux, impl=impl)
+    model = drafter.Drafter(dcfg, dparams)
+    hidden = model.project_features(aux, impl=impl)
     dtype = hidden.dtype
     kv_shape = (1, b, dcfg.num_kv_heads, t, dcfg.head_dim)
     ks, vs, out = [], [], []
@@ -213,8 +214,8 @@ def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, length
         slot_mask, mask = step_masks(valid, i)
         if i == 0:  # an all-False constant: keep XLA from constant-folding the masked scores
             slot_mask = jax.lax.optimization_barrier(slot_mask)
-        logits, hidden, cache = drafter.step(dparams, dcfg, tokens, hidden, positions, cache,
-                                             embed=embed, mask=mask, slot_mask=slot_mask, impl=impl)
+        logits, hidden, cache = model.step(tokens, hidden, positions, cache, embed=embed, mask=mask,
+                                           slot_mask=slot_mask, impl=impl)
         ks.append(cache.k[:, :, :, i * t:])
         vs.append(cache.v[:, :, :, i * t:])
         out.append(logits)

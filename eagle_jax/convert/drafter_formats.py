@@ -45,8 +45,8 @@ from eagle_jax.convert.drafter_config import (
 )
 from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
-from eagle_jax.models.drafter import DraftVocab
-from eagle_jax.sharding import DRAFTER_AXES, shard_model
+from eagle_jax.models.drafter import Drafter, DraftVocab
+from eagle_jax.sharding import shard_model
 
 __all__ = [
     "CheckpointError",
@@ -321,7 +321,7 @@ def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtyp
         params["embed"] = vec("embed_tokens.weight")
     if mesh is None:
         return cfg, jax.tree.map(jnp.asarray, params), vocab
-    cfg, params = shard_model(cfg, params, DRAFTER_AXES, mesh)
+    cfg, params = shard_model(Drafter, cfg, params, mesh)
     return cfg, params, vocab
 
 

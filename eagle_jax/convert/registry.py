@@ -39,7 +39,8 @@ from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
 from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.hf import CheckpointError, load_hf_directory, resolve_dtype
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
-from eagle_jax.sharding import TARGET_AXES, shard_model
+from eagle_jax.models.target import Target
+from eagle_jax.sharding import shard_model
 from eagle_jax.tokenizer import Tokenizer
 
 __all__ = [
@@ -238,7 +239,7 @@ def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedT
     params = _unflatten(flat)
     _check_tree(cfg, params, path)
     if mesh is not None:
-        cfg, params = shard_model(cfg, params, TARGET_AXES, mesh)
+        cfg, params = shard_model(Target, cfg, params, mesh)
     tokenizer = Tokenizer.from_hf_dir(path) if meta.get("has_tokenizer") else None
     return LoadedTarget(cfg=cfg, params=params, tokenizer=tokenizer,
                         source=meta.get("source") or os.path.abspath(path))
@@ -391,6 +392,6 @@ def _placed(target: LoadedTarget, mesh) -> LoadedTarget:
     """A target's parameters on `mesh` (unchanged without one)."""
     if mesh is None:
         return target
-    cfg, params = shard_model(target.cfg, target.params, TARGET_AXES, mesh)
+    cfg, params = shard_model(Target, target.cfg, target.params, mesh)
     return dataclasses.replace(target, cfg=cfg, params=params)
 

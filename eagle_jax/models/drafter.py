@@ -1,17 +1,18 @@
 """The EAGLE-3 / EAGLE 3.1 drafter: an FC over target features and one decoder layer.
 
-Parameters follow docs/PARAMS.md. A drafting step is split in two:
+`Drafter` is the model, a Flax NNX module whose parameters (docs/PARAMS.md)
+carry their logical axes. A drafting step is split in two:
 
-* `project_features(params, cfg, aux)`: target aux features [B, T, A*Ht] ->
+* `Drafter.project_features(aux)`: target aux features [B, T, A*Ht] ->
   drafter hidden [B, T, H] through the FC (with `fc_norm` or `norm_before_fc`
   when configured). Used where the drafter reads the target (prefill and the
   tokens just verified).
-* `step(params, cfg, tokens, hidden, positions, cache, ...)`: the decoder layer
+* `Drafter.step(tokens, hidden, positions, cache, ...)`: the decoder layer
   over T new positions whose hidden input is either projected target features
   or the previous step's feedback. Returns draft-vocab logits, the feedback
   (pre-norm for EAGLE-3, post-norm with `norm_output`) and the cache.
 
-The same `step` serves chain drafting (T = 1 per row), tree drafting (T
+The same step serves chain drafting (T = 1 per row), tree drafting (T
 frontier nodes with a tree `mask`) and the training-time-test unroll (a
 `slot_mask` over all cache slots).
 """
@@ -21,15 +22,26 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import embed_tokens, native_attention, rotated_heads, swiglu_mlp
+from eagle_jax.models.layers import (embed_tokens, native_attention, param_values, rotated_heads, set_params,
+                                     swiglu_mlp)
 from eagle_jax.nn import attention, rms_norm, rope_tables
-from eagle_jax.sharding import DRAFTER_AXES, RULES
+from eagle_jax.sharding import RULES
 
-_FC_COLUMNS = RULES[DRAFTER_AXES["fc"][-1]]  # the mesh axis of fc's columns (None: replicated)
+# Each parameter's logical axes by leaf name (docs/PARAMS.md layout; `layer`'s weights by
+# their own names); sharding.RULES maps them onto a mesh.
+AXES: dict[str, tuple[str, ...]] = {
+    "fc": ("aux", "embed"), "fc_norm": ("aux_states", "target_embed"), "input_norm": ("aux",),
+    "norm": ("embed",), "lm_head": ("embed", "draft_vocab"), "embed": ("vocab", "embed"),
+    "input_layernorm": ("embed",), "hidden_norm": ("embed",), "post_attention_layernorm": ("embed",),
+    "wqkv": ("embed2", "qkv"), "bqkv": ("qkv",), "wo": ("q_heads", "embed"), "bo": ("embed",),
+    "w_gate_up": ("embed", "ffw2"), "w_down": ("ffw", "embed"),
+}
+_FC_COLUMNS = RULES[AXES["fc"][-1]]  # the mesh axis of fc's columns (None: replicated)
 
 
 @flax.struct.dataclass
@@ -75,118 +87,139 @@ def prepare_for_decoding(params, *, impl: str = "auto"):
             "lm_head": lm_head}
 
 
-def project_features(params, cfg: DrafterConfig, aux: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """aux [B, T, A*Ht] (aux states concatenated in layer order) -> [B, T, H]."""
-    if aux.shape[-1] != cfg.fc_in_size:
-        raise ValueError(f"drafter expects {cfg.num_aux} aux states of size {cfg.target_hidden_size} "
-                         f"({cfg.fc_in_size} features), got {aux.shape[-1]}")
-    if cfg.fc_norm:
-        return fused_norm_matmul(aux, params["fc_norm"], params["fc"], eps=cfg.rms_norm_eps,
-                                 segments=cfg.num_aux, impl=impl, column_axis=_FC_COLUMNS)
-    if cfg.norm_before_fc:
-        return fused_norm_matmul(aux, params["input_norm"], params["fc"], eps=cfg.rms_norm_eps,
-                                 impl=impl, column_axis=_FC_COLUMNS)
-    return matmul(aux, params["fc"], impl=impl)
+class DrafterLayer(nnx.Module):
+    """The drafter's decoder layer weights (docs/PARAMS.md `layer`), each an
+    `nnx.Param` carrying its logical axes (`AXES`)."""
+
+    def __init__(self, weights: dict):
+        set_params(self, weights, AXES)
 
 
-def layer_forward(params, cfg: DrafterConfig, tokens, hidden, positions, attend, *,
-                  embed=None, impl: str = "auto"):
-    """The decoder layer with the attention supplied by
-    `attend(qkv, cos, sin) -> (out [B, T, Hq*D], extra)`: it gets the fused
-    projection and the RoPE tables (`layers.rotated_heads` splits and rotates them).
-    Shared by `step` (extra: the cache with the new K/V written) and the
-    training-time-test unroll (train/ttt.py, extra: the rotated k and v),
-    which attends differently.
+class Drafter(nnx.Module):
+    """The drafter as a Flax NNX module, built from its parameters in the
+    layout of docs/PARAMS.md (`Drafter(cfg, params)`, plain or packed
+    projections); jitted code passes that pure dict and builds the module
+    inside the trace, as for `target.Target`."""
 
-    Returns (h [B, T, H] before the final norm, extra).
-    """
-    layer = params["layer"]
-    eps = cfg.rms_norm_eps
-    if cfg.has_embedding:
-        embed = params["embed"]
-    elif embed is None:
-        raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
-    e = embed_tokens(embed, tokens, impl=impl).astype(hidden.dtype)
-    residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
-    # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
-    norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
-    qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
-                            segments=2, bias=layer.get("bqkv"), impl=impl)
-    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    out, extra = attend(qkv, cos, sin)
-    h = matmul(out, layer["wo"], layer.get("bo"), residual=residual, impl=impl)
-    h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps,
-                   groups=cfg.fused_groups, impl=impl)
-    return h, extra
+    def __init__(self, cfg: DrafterConfig, params: dict):
+        self.cfg = cfg
+        self.layer = DrafterLayer(params["layer"])
+        set_params(self, {name: x for name, x in params.items() if name != "layer"}, AXES)
 
+    def _get(self, name: str):
+        return getattr(self, name).get_value()
 
-def head(params, cfg: DrafterConfig, h, *, impl: str = "auto"):
-    """h [..., H] -> (draft logits float32 [..., Vd], feedback [..., H]).
+    def project_features(self, aux: jax.Array, *, impl: str = "auto") -> jax.Array:
+        """aux [B, T, A*Ht] (aux states concatenated in layer order) -> [B, T, H]."""
+        cfg = self.cfg
+        if aux.shape[-1] != cfg.fc_in_size:
+            raise ValueError(f"drafter expects {cfg.num_aux} aux states of size {cfg.target_hidden_size} "
+                             f"({cfg.fc_in_size} features), got {aux.shape[-1]}")
+        if cfg.fc_norm:
+            return fused_norm_matmul(aux, self._get("fc_norm"), self._get("fc"), eps=cfg.rms_norm_eps,
+                                     segments=cfg.num_aux, impl=impl, column_axis=_FC_COLUMNS)
+        if cfg.norm_before_fc:
+            return fused_norm_matmul(aux, self._get("input_norm"), self._get("fc"), eps=cfg.rms_norm_eps,
+                                     impl=impl, column_axis=_FC_COLUMNS)
+        return matmul(aux, self._get("fc"), impl=impl)
 
-    The feedback is h itself (EAGLE-3) or norm(h) with `norm_output` (EAGLE 3.1).
-    """
-    logits = fused_norm_matmul(h, params["norm"], params["lm_head"], eps=cfg.rms_norm_eps, impl=impl,
-                               out_dtype=jnp.float32)
-    feedback = rms_norm(h, params["norm"], cfg.rms_norm_eps) if cfg.norm_output else h
-    return logits, feedback
+    def layer_forward(self, tokens, hidden, positions, attend, *, embed=None, impl: str = "auto"):
+        """The decoder layer with the attention supplied by
+        `attend(qkv, cos, sin) -> (out [B, T, Hq*D], extra)`: it gets the fused
+        projection and the RoPE tables (`layers.rotated_heads` splits and rotates them).
+        Shared by `forward` (extra: the cache with the new K/V written) and the
+        training-time-test unroll (train/ttt.py, extra: the rotated k and v),
+        which attends differently.
 
+        Returns (h [B, T, H] before the final norm, extra).
+        """
+        cfg = self.cfg
+        layer = param_values(self.layer)
+        eps = cfg.rms_norm_eps
+        if cfg.has_embedding:
+            embed = self._get("embed")
+        elif embed is None:
+            raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
+        e = embed_tokens(embed, tokens, impl=impl).astype(hidden.dtype)
+        residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
+        # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
+        norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
+        qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
+                                segments=2, bias=layer.get("bqkv"), impl=impl)
+        cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
+        out, extra = attend(qkv, cos, sin)
+        h = matmul(out, layer["wo"], layer.get("bo"), residual=residual, impl=impl)
+        h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps,
+                       groups=cfg.fused_groups, impl=impl)
+        return h, extra
 
-def forward(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
-            embed=None, mask=None, slot_mask=None, impl: str = "auto"):
-    """One drafter layer pass over T new positions per row, without the head.
+    def head(self, h, *, impl: str = "auto"):
+        """h [..., H] -> (draft logits float32 [..., Vd], feedback [..., H]).
 
-    tokens [B, T] int32 (target ids: the token *after* each position), hidden
-    [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
-    when None); `slot_mask` [B, T, S] over the cache slots written before this
-    call (default: the committed ones). `embed` [V, H] is the target's
-    embedding, required when the checkpoint has none.
-    With `cfg.sliding_window` both masks also drop keys at or before
-    position - window (a cache slot's position is its index).
-    Returns (h [B, T, H], the layer's output before the final norm, and the
-    cache); `head(h)` gives the draft logits and the feedback.
+        The feedback is h itself (EAGLE-3) or norm(h) with `norm_output` (EAGLE 3.1).
+        """
+        cfg = self.cfg
+        logits = fused_norm_matmul(h, self._get("norm"), self._get("lm_head"), eps=cfg.rms_norm_eps, impl=impl,
+                                   out_dtype=jnp.float32)
+        feedback = rms_norm(h, self._get("norm"), cfg.rms_norm_eps) if cfg.norm_output else h
+        return logits, feedback
 
-    The new K/V are written at slots `cache.lengths + t` but not committed: the
-    returned cache has the same `lengths`, and the caller commits what it keeps
-    (`cache.commit`, `cache.compact`), as the target's forward does. With the
-    native CPU kernels (decoding) the step has no gradient; differentiate it
-    with impl="xla".
-    """
-    b, t = tokens.shape
-    committed_only = slot_mask is None and cfg.sliding_window is None  # the native kernel's default
-    if slot_mask is None:
-        slot_mask = committed_mask(cache.lengths, cache.max_len, t)
-    new_mask = causal_mask(b, t) if mask is None else mask
-    if cfg.sliding_window is not None:
-        slot_mask, new_mask = window_masks(slot_mask, new_mask, positions, cfg.sliding_window)
+    def forward(self, tokens, hidden, positions, cache: KVCache, *, embed=None, mask=None, slot_mask=None,
+                impl: str = "auto"):
+        """One drafter layer pass over T new positions per row, without the head.
 
-    # The native kernel reads the cache in place and writes the new K/V into
-    # it in the same call: one chain of in-place updates, no copy of the cache.
-    native = native_attention(impl, t, cfg)
+        tokens [B, T] int32 (target ids: the token *after* each position), hidden
+        [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
+        when None); `slot_mask` [B, T, S] over the cache slots written before this
+        call (default: the committed ones). `embed` [V, H] is the target's
+        embedding, required when the checkpoint has none.
+        With `cfg.sliding_window` both masks also drop keys at or before
+        position - window (a cache slot's position is its index).
+        Returns (h [B, T, H], the layer's output before the final norm, and the
+        cache); `head(h)` gives the draft logits and the feedback.
 
-    def attend(qkv, cos, sin):
-        if native:
-            out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
-                                                  num_heads=cfg.num_heads,
-                                                  slot_mask=None if committed_only else slot_mask)
-            return out.astype(qkv.dtype).reshape(b, t, -1), cache.replace(k=k_cache, v=v_cache)
-        q, k, v = rotated_heads(cfg, qkv, cos, sin)
-        out = attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
-        return out, cache.write(k[None], v[None], impl=impl)
+        The new K/V are written at slots `cache.lengths + t` but not committed: the
+        returned cache has the same `lengths`, and the caller commits what it keeps
+        (`cache.commit`, `cache.compact`), as the target does. With the
+        native CPU kernels (decoding) the step has no gradient; differentiate it
+        with impl="xla".
+        """
+        cfg = self.cfg
+        b, t = tokens.shape
+        committed_only = slot_mask is None and cfg.sliding_window is None  # the native kernel's default
+        if slot_mask is None:
+            slot_mask = committed_mask(cache.lengths, cache.max_len, t)
+        new_mask = causal_mask(b, t) if mask is None else mask
+        if cfg.sliding_window is not None:
+            slot_mask, new_mask = window_masks(slot_mask, new_mask, positions, cfg.sliding_window)
 
-    return layer_forward(params, cfg, tokens, hidden, positions, attend, embed=embed, impl=impl)
+        # The native kernel reads the cache in place and writes the new K/V into
+        # it in the same call: one chain of in-place updates, no copy of the cache.
+        native = native_attention(impl, t, cfg)
 
+        def attend(qkv, cos, sin):
+            if native:
+                out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
+                                                      num_heads=cfg.num_heads,
+                                                      slot_mask=None if committed_only else slot_mask)
+                return out.astype(qkv.dtype).reshape(b, t, -1), cache.replace(k=k_cache, v=v_cache)
+            q, k, v = rotated_heads(cfg, qkv, cos, sin)
+            out = attention(q, cache.k[0], cache.v[0], slot_mask, k, v, new_mask).reshape(b, t, -1)
+            return out, cache.write(k[None], v[None], impl=impl)
 
-def step(params, cfg: DrafterConfig, tokens, hidden, positions, cache: KVCache, *,
-         embed=None, mask=None, slot_mask=None, logits_at=None, impl: str = "auto"):
-    """`forward`, then the head: (draft logits float32 [B, T, Vd], feedback
-    [B, T, H], cache). `logits_at` [B] int32 computes the logits at one
-    position per row only (then [B, 1, Vd])."""
-    h, cache = forward(params, cfg, tokens, hidden, positions, cache, embed=embed, mask=mask,
-                       slot_mask=slot_mask, impl=impl)
-    logits, _ = head(params, cfg, h if logits_at is None else
-                     jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
-    _, feedback = head(params, cfg, h, impl=impl) if cfg.norm_output else (None, h)
-    return logits, feedback, cache
+        return self.layer_forward(tokens, hidden, positions, attend, embed=embed, impl=impl)
+
+    def step(self, tokens, hidden, positions, cache: KVCache, *, embed=None, mask=None, slot_mask=None,
+             logits_at=None, impl: str = "auto"):
+        """`forward`, then the head: (draft logits float32 [B, T, Vd], feedback
+        [B, T, H], cache). `logits_at` [B] int32 computes the logits at one
+        position per row only (then [B, 1, Vd])."""
+        h, cache = self.forward(tokens, hidden, positions, cache, embed=embed, mask=mask, slot_mask=slot_mask,
+                                impl=impl)
+        logits, _ = self.head(h if logits_at is None else
+                              jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
+        _, feedback = self.head(h, impl=impl) if self.cfg.norm_output else (None, h)
+        return logits, feedback, cache
 
 
 def window_masks(slot_mask, new_mask, positions, window: int):

@@ -4,9 +4,26 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from eagle_jax.kernels import cpu, matmul, norm_swiglu, resolve_impl
 from eagle_jax.nn import apply_rope, rms_norm
+
+
+def set_params(module: nnx.Module, weights: dict, axes: dict[str, tuple[str, ...]], drop: int = 0) -> None:
+    """Each weight as an attribute `nnx.Param` of `module` carrying its logical axes,
+    `axes[name]` without its first `drop` names (`sharding.RULES` maps them onto a
+    mesh). A value may be a host array, an abstract shape or a packed weight: nothing
+    is placed here (`sharding.shard_model` places parameters, shard by shard)."""
+    for name, value in weights.items():
+        if name not in axes:
+            raise ValueError(f"{type(module).__name__} has no parameter {name!r} (docs/PARAMS.md lists them)")
+        setattr(module, name, nnx.Param(value, out_sharding=axes[name][drop:], eager_sharding=False))
+
+
+def param_values(module: nnx.Module) -> dict:
+    """{attribute name: value} of a module's own parameters (not its submodules')."""
+    return {name: v.get_value() for name, v in vars(module).items() if isinstance(v, nnx.Param)}
 
 
 def embed_tokens(table: jax.Array, ids: jax.Array, *, impl: str = "auto") -> jax.Array:

@@ -1,11 +1,13 @@
 """The Llama-family target decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
 
-Parameters follow docs/PARAMS.md; decoder layers are stacked on a leading
-axis and run under `lax.scan`. One `forward` serves prefill, decode and tree
-verification: it takes T new tokens per row with explicit positions and an
-optional mask among the new tokens, writes their K/V into the cache, and
-returns the final residual stream plus the hidden states entering the
-requested `aux_layers` (EAGLE's auxiliary features).
+`Target` is the model, a Flax NNX module whose parameters (docs/PARAMS.md)
+carry their logical axes; decoder layers are stacked on a leading axis and
+run under `lax.scan`, or per layer (`unstack_layers`) as an unrolled loop.
+One call serves prefill, decode and tree verification: it takes T new
+tokens per row with explicit positions and an optional mask among the new
+tokens, writes their K/V into the cache, and returns the final residual
+stream plus the hidden states entering the requested `aux_layers` (EAGLE's
+auxiliary features).
 """
 
 from __future__ import annotations
@@ -13,14 +15,26 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import LayerWeight, cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import embed_tokens, native_attention, rotated_heads, swiglu_mlp
+from eagle_jax.models.layers import (embed_tokens, native_attention, param_values, rotated_heads, set_params,
+                                     swiglu_mlp)
 from eagle_jax.nn import attention, rope_tables
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
+
+# Each parameter's logical axes by leaf name (docs/PARAMS.md layout, layers stacked);
+# sharding.RULES maps them onto a mesh.
+AXES: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"), "final_norm": ("embed",),
+    "attn_norm": ("layers", "embed"), "wqkv": ("layers", "embed", "qkv"), "bqkv": ("layers", "qkv"),
+    "wo": ("layers", "q_heads", "embed"), "bo": ("layers", "embed"),
+    "q_norm": ("layers", "head_dim"), "k_norm": ("layers", "head_dim"),
+    "mlp_norm": ("layers", "embed"), "w_gate_up": ("layers", "embed", "ffw2"), "w_down": ("layers", "ffw", "embed"),
+}
 
 
 def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
@@ -51,7 +65,7 @@ def pack_for_cpu(params, cfg: TargetConfig):
     layers = params["layers"]
     per_layer = layers if isinstance(layers, tuple) else (layers,)
     weights = [x for layer in per_layer for name, x in layer.items() if name in MATMUL_WEIGHTS]
-    packed = iter(cpu.pack_weights([*weights, lm_head_weight(params, cfg)]))
+    packed = iter(cpu.pack_weights([*weights, Target(cfg, params).lm_head_weight()]))
     per_layer = tuple({name: next(packed) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
                       for layer in per_layer)
     return {**params, "layers": per_layer if isinstance(layers, tuple) else per_layer[0],
@@ -76,6 +90,37 @@ def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unrol
     return params
 
 
+class DecoderLayer(nnx.Module):
+    """A decoder layer's weights (docs/PARAMS.md `layers`), each an `nnx.Param`
+    carrying its logical axes (`AXES`): one layer's, or all
+    layers' stacked on a leading `layers` axis (then `weights(i)` picks one)."""
+
+    def __init__(self, weights: dict, *, stacked: bool):
+        self.stacked = stacked
+        set_params(self, weights, AXES, drop=0 if stacked else 1)
+
+    def weights(self, i=None) -> dict:
+        """{leaf name: value}; of stacked weights, layer i (traced): each [L, K, N]
+        projection as a `LayerWeight` (the Pallas kernels read it in place; XLA
+        indexes it), the rest (norm gains, biases, packed weights) indexed."""
+        values = param_values(self)
+        if not self.stacked:
+            return values
+        return {name: LayerWeight(x, i) if name in MATMUL_WEIGHTS and isinstance(x, jax.Array)
+                else jax.tree.map(lambda a: a[i], x) for name, x in values.items()}
+
+    def __call__(self, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
+        """Layer i: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated or None, v, cache)."""
+        p = self.weights(i)
+        qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
+                                bias=p.get("bqkv"), impl=impl)
+        attn, k, v, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native)
+        h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
+        h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps,
+                       groups=cfg.fused_groups, impl=impl)
+        return h, k, v, cache
+
+
 def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, native: bool):
     """Layer i's attention over the committed cache slots plus the new keys.
 
@@ -95,93 +140,86 @@ def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, na
     return attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask), k, v, cache
 
 
-def _layer(p, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
-    """One decoder layer: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated or None, v, cache)."""
-    qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
-                            bias=p.get("bqkv"), impl=impl)
-    attn, k, v, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native)
-    h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
-    h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps, groups=cfg.fused_groups,
-                   impl=impl)
-    return h, k, v, cache
+class Target(nnx.Module):
+    """The target decoder as a Flax NNX module, built from its parameters in
+    the layout of docs/PARAMS.md (`Target(cfg, params)`: stacked or per-layer
+    `layers`, plain or packed projections). The jitted loop and the trainer
+    pass that pure dict through `jit` and build the module inside the trace:
+    flattening a module costs several times a dict of the same arrays on
+    every call of a step."""
 
+    def __init__(self, cfg: TargetConfig, params: dict):
+        self.cfg = cfg
+        layers = params["layers"]
+        if isinstance(layers, tuple):
+            if len(layers) != cfg.num_layers:
+                raise ValueError(f"params hold {len(layers)} layers, the config {cfg.num_layers}")
+            self.layers = nnx.List([DecoderLayer(p, stacked=False) for p in layers])
+        else:
+            self.layers = DecoderLayer(layers, stacked=True)
+        set_params(self, {name: x for name, x in params.items() if name != "layers"}, AXES)
 
-def _layer_params(stacked: dict, i):
-    """Layer i (traced) of stacked per-layer params: each [L, K, N] projection as
-    a `LayerWeight` (the Pallas kernels read it in place; XLA indexes it), the
-    rest (norm gains, biases, packed weights) indexed."""
-    return {name: LayerWeight(x, i) if name in MATMUL_WEIGHTS and isinstance(x, jax.Array)
-            else jax.tree.map(lambda a: a[i], x) for name, x in stacked.items()}
+    def __call__(self, tokens, positions, cache: KVCache, mask=None, *, aux_layers: tuple[int, ...] = (),
+                 impl: str = "auto"):
+        """Run the decoder over T new tokens per row.
 
+        tokens, positions: [B, T] int32. mask: None (causal among the new tokens)
+        or [B, T, T] bool. Committed cache slots are always visible.
+        Per-layer `layers` run as an unrolled loop, stacked ones under `lax.scan`.
+        Returns (hidden [B, T, H] before the final norm, cache with K/V written
+        but lengths unchanged, aux [B, T, len(aux_layers) * H] or None), where aux
+        concatenates the residual streams entering `aux_layers` in the given order.
+        """
+        cfg = self.cfg
+        b, t = tokens.shape
+        for layer_id in aux_layers:
+            if not 0 <= layer_id < cfg.num_layers:
+                raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
+        h = embed_tokens(self.embed.get_value(), tokens, impl=impl)
+        cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
+        new_mask = causal_mask(b, t) if mask is None else mask
+        # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
+        native = native_attention(impl, t, cfg)
 
-def forward(params, cfg: TargetConfig, tokens, positions, cache: KVCache, mask=None, *,
-            aux_layers: tuple[int, ...] = (), impl: str = "auto"):
-    """Run the decoder over T new tokens per row.
+        if isinstance(self.layers, nnx.List):
+            entering, ks, vs = [], [], []  # entering[i]: the residual stream into layer i
+            for i, layer in enumerate(self.layers):
+                entering.append(h)
+                h, k, v, cache = layer(cfg, h, cos, sin, cache, i, new_mask, native, impl)
+                ks.append(k)
+                vs.append(v)
+            k_new, v_new = (None, None) if native else (jnp.stack(ks), jnp.stack(vs))
+            aux = [entering[i] for i in aux_layers]
+        else:
+            aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
+            aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
 
-    tokens, positions: [B, T] int32. mask: None (causal among the new tokens)
-    or [B, T, T] bool. Committed cache slots are always visible.
-    `params["layers"]` is either stacked (run under `lax.scan`) or a tuple of
-    per-layer dicts from `unstack_layers` (run as an unrolled loop).
-    Returns (hidden [B, T, H] before the final norm, cache with K/V written
-    but lengths unchanged, aux [B, T, len(aux_layers) * H] or None), where aux
-    concatenates the residual streams entering `aux_layers` in the given order.
-    """
-    b, t = tokens.shape
-    for layer_id in aux_layers:
-        if not 0 <= layer_id < cfg.num_layers:
-            raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
-    h = embed_tokens(params["embed"], tokens, impl=impl)
-    cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
-    new_mask = causal_mask(b, t) if mask is None else mask
-    # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
-    native = native_attention(impl, t, cfg)
+            def layer_body(carry, i):
+                h, aux, cache = carry
+                aux = jnp.where((aux_ids == i)[:, None, None, None], h[None], aux)
+                h, k, v, cache = self.layers(cfg, h, cos, sin, cache, i, new_mask, native, impl)
+                return (h, aux, cache), (k, v)
 
-    def run_layer(p, h, cache, i):
-        return _layer(p, cfg, h, cos, sin, cache, i, new_mask, native, impl)
+            layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (h, aux, cache), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0, cache), layer_ids)
+            aux = list(aux)
+        if not native:
+            cache = cache.write(k_new, v_new, impl=impl)
+        if not aux_layers:
+            return h, cache, None
+        return h, cache, jnp.concatenate(aux, axis=-1)
 
-    if isinstance(params["layers"], tuple):
-        if len(params["layers"]) != cfg.num_layers:
-            raise ValueError(f"params hold {len(params['layers'])} layers, the config {cfg.num_layers}")
-        entering, ks, vs = [], [], []  # entering[i]: the residual stream into layer i
-        for i, p in enumerate(params["layers"]):
-            entering.append(h)
-            h, k, v, cache = run_layer(p, h, cache, i)
-            ks.append(k)
-            vs.append(v)
-        k_new, v_new = (None, None) if native else (jnp.stack(ks), jnp.stack(vs))
-        aux = [entering[i] for i in aux_layers]
-    else:
-        aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
-        aux0 = jnp.zeros((len(aux_layers) or 1, b, t, cfg.hidden_size), h.dtype)
+    def lm_head_weight(self):
+        """[H, V]: the output projection (when tied: made by `prepare_for_decoding`,
+        packed or not), else the transposed embedding when tied."""
+        if self.cfg.tie_word_embeddings and not hasattr(self, "lm_head"):
+            return self.embed.get_value().T
+        return self.lm_head.get_value()
 
-        def layer_body(carry, i):
-            h, aux, cache = carry
-            aux = jnp.where((aux_ids == i)[:, None, None, None], h[None], aux)
-            h, k, v, cache = run_layer(_layer_params(params["layers"], i), h, cache, i)
-            return (h, aux, cache), (k, v)
-
-        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-        (h, aux, cache), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0, cache), layer_ids)
-        aux = list(aux)
-    if not native:
-        cache = cache.write(k_new, v_new, impl=impl)
-    if not aux_layers:
-        return h, cache, None
-    return h, cache, jnp.concatenate(aux, axis=-1)
-
-
-def lm_head_weight(params, cfg: TargetConfig):
-    """[H, V]: the output projection (when tied: made by `prepare_for_decoding`,
-    packed or not), else the transposed embedding when tied."""
-    if cfg.tie_word_embeddings and "lm_head" not in params:
-        return params["embed"].T
-    return params["lm_head"]
-
-
-def logits(params, cfg: TargetConfig, hidden, *, impl: str = "auto") -> jax.Array:
-    """Final norm + lm_head (fused): hidden [..., H] -> float32 [..., V]."""
-    return fused_norm_matmul(hidden, params["final_norm"], lm_head_weight(params, cfg),
-                             eps=cfg.rms_norm_eps, impl=impl, out_dtype=jnp.float32)
+    def logits(self, hidden, *, impl: str = "auto") -> jax.Array:
+        """Final norm + lm_head (fused): hidden [..., H] -> float32 [..., V]."""
+        return fused_norm_matmul(hidden, self.final_norm.get_value(), self.lm_head_weight(),
+                                 eps=self.cfg.rms_norm_eps, impl=impl, out_dtype=jnp.float32)
 
 
 def init_params(cfg: TargetConfig, key, dtype=jnp.float32, scale: float = 0.02):

@@ -149,8 +149,8 @@ def _chunked_prefill(tparams, lc: LoopConfig, tokens, cache):
 def _prompt_part(tparams, lc: LoopConfig, tokens, positions, cache: KVCache):
     """The target over prompt tokens [B, C] at positions [B, C] (the cache's next C slots),
     committed: (hidden [B, C, H], cache, aux [B, C, A*H] | None)."""
-    hidden, cache, aux = target.forward(tparams, lc.target, tokens, positions, cache,
-                                        aux_layers=lc.aux_layers(), impl=lc.impl)
+    hidden, cache, aux = target.Target(lc.target, tparams)(tokens, positions, cache, aux_layers=lc.aux_layers(),
+                                                            impl=lc.impl)
     return hidden, cache.commit(jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32)), aux
 
 
@@ -192,7 +192,7 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
     if lc.catch_up_width:
         return _lazy(tparams, lc, state, dcache, aux.astype(jnp.float32), dtokens)
     # Drafter prefill: features at t paired with token t+1.
-    dcfg = lc.drafter
+    dmodel = drafter.Drafter(lc.drafter, dparams)
     c = min(p, lc.prefill_chunk)
     nc = p // c
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -200,8 +200,8 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
 
     def body(dcache, xs):
         tok, pos, feats = xs
-        h = drafter.project_features(dparams, dcfg, feats, impl=lc.impl)
-        out, dcache = drafter.forward(dparams, dcfg, tok, h, pos, dcache, embed=tparams["embed"], impl=lc.impl)
+        out, dcache = dmodel.forward(tok, dmodel.project_features(feats, impl=lc.impl), pos, dcache,
+                                     embed=tparams["embed"], impl=lc.impl)
         return dcache.commit(jnp.full((b,), c, jnp.int32)), _last(out, jnp.clip(prompt_len - 1 - pos[:, 0], 0, c - 1))
 
     dcache, chunk_out = jax.lax.scan(body, dcache, (split(dtokens), split(positions), split(aux)))
@@ -214,7 +214,7 @@ def _start(tparams, lc: LoopConfig, last_hidden, tcache: KVCache, prompt_len, ma
     """The state after a prompt: its cache, the first token sampled from the last
     prompt position's hidden state last_hidden [B, H] and emitted; no drafter yet."""
     b = prompt_len.shape[0]
-    last_logits = target.logits(tparams, lc.target, last_hidden, impl=lc.impl)
+    last_logits = target.Target(lc.target, tparams).logits(last_hidden, impl=lc.impl)
     keys, sub = split_keys(keys, 2)
     first = sample(sub, last_logits, sampling, impl=lc.impl)
     state = DecodeState(
@@ -280,9 +280,10 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
     b = state.pending.shape[0]
     base = state.tcache.lengths
     with jax.named_scope("target"):
-        hidden, tcache, aux = target.forward(tparams, lc.target, state.pending[:, None], base[:, None],
-                                             state.tcache, aux_layers=lc.aux_layers(), impl=lc.impl)
-        logits = target.logits(tparams, lc.target, hidden[:, 0], impl=lc.impl)
+        tmodel = target.Target(lc.target, tparams)
+        hidden, tcache, aux = tmodel(state.pending[:, None], base[:, None], state.tcache,
+                                     aux_layers=lc.aux_layers(), impl=lc.impl)
+        logits = tmodel.logits(hidden[:, 0], impl=lc.impl)
     with jax.named_scope("accept"):
         keys, sub = split_keys(state.keys, 2)
         nxt = sample(sub, logits, state.sampling, impl=lc.impl)
@@ -319,9 +320,9 @@ def _roll_drafter(tparams, dparams, state: DecodeState, lc: LoopConfig, new_toke
     (its head runs when a step drafts from it: a plain step pays for none)."""
     with jax.named_scope("drafter"):
         positions = base[:, None] + jnp.arange(new_tokens.shape[1])[None]
-        out, dcache = drafter.forward(
-            dparams, lc.drafter, new_tokens, drafter.project_features(dparams, lc.drafter, feats, impl=lc.impl),
-            positions, state.dcache, embed=tparams["embed"], impl=lc.impl)
+        dmodel = drafter.Drafter(lc.drafter, dparams)
+        out, dcache = dmodel.forward(new_tokens, dmodel.project_features(feats, impl=lc.impl), positions,
+                                     state.dcache, embed=tparams["embed"], impl=lc.impl)
     return state.replace(dcache=dcache.commit(m), root_hidden=jnp.where(
         (m > 0)[:, None], _last(out, jnp.maximum(m - 1, 0)), state.root_hidden))
 
@@ -335,15 +336,16 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig, spec
     rows = jnp.arange(b)
     keys, k_draft, k_accept = split_keys(state.keys, 3)
     with jax.named_scope("draft"):
-        draft, dcache = tree_lib.draft(dparams, dcfg, vocab, tparams["embed"], state.pending,
+        draft, dcache = tree_lib.draft(drafter.Drafter(dcfg, dparams), vocab, tparams["embed"], state.pending,
                                        state.root_hidden, state.dcache, spec, state.sampling, k_draft,
                                        impl=lc.impl)
     base = state.tcache.lengths
     with jax.named_scope("target"):
-        hidden, tcache, aux = target.forward(
-            tparams, lc.target, draft.tokens, base[:, None] + draft.depth, state.tcache,
-            mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids, impl=lc.impl)
-        logits = target.logits(tparams, lc.target, hidden, impl=lc.impl)
+        tmodel = target.Target(lc.target, tparams)
+        hidden, tcache, aux = tmodel(draft.tokens, base[:, None] + draft.depth, state.tcache,
+                                     mask=draft.attention_mask(spec.depth), aux_layers=dcfg.aux_layer_ids,
+                                     impl=lc.impl)
+        logits = tmodel.logits(hidden, impl=lc.impl)
     with jax.named_scope("accept"):
         path, n_acc, nxt = accept(draft, logits, spec, state.sampling, k_accept, impl=lc.impl)
         # Emitted tokens: the accepted drafts along the path, then the target's own token.

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.cache import KVCache
-from eagle_jax.config import DrafterConfig, SpecConfig
+from eagle_jax.config import SpecConfig
 from eagle_jax.models import drafter
 from eagle_jax.spec.sampling import SamplingParams, probabilities, sample_probs, split_keys
 
@@ -61,7 +61,7 @@ class DraftTree:
         return reach.astype(bool)
 
 
-def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_tokens,
+def draft(dmodel: drafter.Drafter, vocab: drafter.DraftVocab, embed, root_tokens,
           root_hidden, dcache: KVCache, spec: SpecConfig,
           sampling: SamplingParams | None, keys, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
     """Build the draft tree for each row; returns (tree, drafter cache).
@@ -83,7 +83,7 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
     target_ids = vocab.target_ids
     sampled_chain = spec.method == "chain" and sampling is not None
     level_keys = split_keys(keys, depth)  # [depth, B, 2]
-    root_logits, root_feedback = drafter.head(dparams, dcfg, root_hidden, impl=impl)
+    root_logits, root_feedback = dmodel.head(root_hidden, impl=impl)
 
     def propose(logits, level_key):
         """Draft logits [B, F, Vd] -> (scores [B, F, k], draft ids [B, F, k], q [B, F, V] | None)."""
@@ -122,8 +122,8 @@ def draft(dparams, dcfg: DrafterConfig, vocab: drafter.DraftVocab, embed, root_t
             jnp.clip(rel, 0, tree_slots - 1)[:, None, :], (b, k, scratch.max_len)), axis=2)
         slot_mask = (rel < 0)[:, None, :] | (in_tree[:, None, :] & tree_vis)
         positions = jnp.broadcast_to((base + level - 1)[:, None], (b, k))
-        logits, feedback, scratch = drafter.step(
-            dparams, dcfg, front_tok, front_hidden, positions,
+        logits, feedback, scratch = dmodel.step(
+            front_tok, front_hidden, positions,
             scratch.replace(lengths=base + offset), embed=embed, slot_mask=slot_mask,
             mask=jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k)), impl=impl)
         scores, ids, q = propose(logits, level_keys[level])  # [B, k, k]

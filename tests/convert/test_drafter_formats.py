@@ -35,7 +35,7 @@ from eagle_jax.convert.drafter_formats import (  # noqa: E402
     load_drafter,
     save_drafter,
 )
-from eagle_jax.models.drafter import create_cache, project_features, step, to_target_logits  # noqa: E402
+from eagle_jax.models.drafter import Drafter, create_cache, to_target_logits  # noqa: E402
 
 
 def _load_ref():
@@ -112,13 +112,14 @@ def jax_chain(cfg, params, vocab, aux, tokens, embed, next_tokens):
     """The same chain as torch_eagle_ref.run_chain, with the torch-chosen tokens."""
     t = tokens.shape[0]
     cache = create_cache(cfg, 1, t + len(next_tokens) + 1)
-    hidden = project_features(params, cfg, jnp.asarray(aux.numpy())[None])
+    model = Drafter(cfg, params)
+    hidden = model.project_features(jnp.asarray(aux.numpy())[None])
     toks = jnp.asarray(tokens.numpy(), jnp.int32)[None]
     pos = jnp.arange(t, dtype=jnp.int32)[None]
     e = None if embed is None else jnp.asarray(embed.numpy())
     outs = []
     for i, nxt in enumerate(next_tokens):
-        logits, fb, cache = step(params, cfg, toks, hidden, pos, cache, embed=e)
+        logits, fb, cache = model.step(toks, hidden, pos, cache, embed=e)
         cache = cache.commit(jnp.array([toks.shape[1]], jnp.int32))
         outs.append((logits[0], to_target_logits(logits, vocab)[0], fb[0]))
         toks = jnp.array([[nxt]], jnp.int32)

@@ -252,23 +252,24 @@ def test_sliding_window_attention_matches_brute_force():
     pos = jnp.arange(n, dtype=jnp.int32)[None]
 
     cache = drafter.create_cache(cfg, 1, n + 2)
-    a, _, cache = drafter.step(params, cfg, tokens[:, :split], hidden[:, :split], pos[:, :split], cache,
-                               embed=embed, impl="xla")
-    b, _, _ = drafter.step(params, cfg, tokens[:, split:], hidden[:, split:], pos[:, split:],
-                           cache.commit(jnp.array([split])), embed=embed, impl="xla")
+    model = drafter.Drafter(cfg, params)
+    a, _, cache = model.step(tokens[:, :split], hidden[:, :split], pos[:, :split], cache, embed=embed, impl="xla")
+    b, _, _ = model.step(tokens[:, split:], hidden[:, split:], pos[:, split:], cache.commit(jnp.array([split])),
+                         embed=embed, impl="xla")
     windowed = np.concatenate([np.asarray(a[0]), np.asarray(b[0])])
 
     full = cfg.replace(sliding_window=None)
+    unwindowed = drafter.Drafter(full, params)
     brute = []
     for p in range(n):
         lo = max(0, p - w + 1)
-        lg, _, _ = drafter.step(params, full, tokens[:, lo:p + 1], hidden[:, lo:p + 1], pos[:, lo:p + 1],
-                                drafter.create_cache(full, 1, w + 1), embed=embed, impl="xla")
+        lg, _, _ = unwindowed.step(tokens[:, lo:p + 1], hidden[:, lo:p + 1], pos[:, lo:p + 1],
+                                   drafter.create_cache(full, 1, w + 1), embed=embed, impl="xla")
         brute.append(np.asarray(lg[0, -1]))
     np.testing.assert_allclose(windowed, np.stack(brute), rtol=1e-5, atol=1e-5)
     # and the window matters here: full attention differs once p >= w
-    nowin, _, _ = drafter.step(params, full, tokens, hidden, pos, drafter.create_cache(full, 1, n + 1),
-                               embed=embed, impl="xla")
+    nowin, _, _ = unwindowed.step(tokens, hidden, pos, drafter.create_cache(full, 1, n + 1), embed=embed,
+                                  impl="xla")
     assert np.allclose(np.asarray(nowin[0, :w]), windowed[:w], atol=1e-5)
     assert not np.allclose(np.asarray(nowin[0, w:]), windowed[w:], atol=1e-3)
 

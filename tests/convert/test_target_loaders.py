@@ -71,7 +71,7 @@ def full_logits(jit_forward, params, cfg, ids: np.ndarray, max_len: int) -> np.n
     cache = KVCache.create(cfg.num_layers, b, max_len, cfg.num_kv_heads, cfg.head_dim, jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     hidden, _, _ = jit_forward(params, cfg, jnp.asarray(ids, jnp.int32), pos, cache)
-    return np.asarray(target.logits(params, cfg, hidden))
+    return np.asarray(target.Target(cfg, params).logits(hidden))
 
 
 def leaves_with_paths(params):
@@ -148,11 +148,11 @@ def test_smollm2_prefill_then_decode_matches_full_forward(smollm2_target, smollm
     cache = KVCache.create(cfg.num_layers, 1, t + 16, cfg.num_kv_heads, cfg.head_dim, jnp.float32)
     hidden, cache, _ = jit_forward(params, cfg, ids[:, :p], jnp.arange(p, dtype=jnp.int32)[None], cache)
     cache = cache.commit(jnp.asarray([p]))
-    pieces = [np.asarray(target.logits(params, cfg, hidden))]
+    pieces = [np.asarray(target.Target(cfg, params).logits(hidden))]
     for i in range(p, t):
         hidden, cache, _ = jit_forward(params, cfg, ids[:, i:i + 1], jnp.asarray([[i]], jnp.int32), cache)
         cache = cache.commit(jnp.asarray([1]))
-        pieces.append(np.asarray(target.logits(params, cfg, hidden)))
+        pieces.append(np.asarray(target.Target(cfg, params).logits(hidden)))
     stepwise = np.concatenate(pieces, axis=1)
     assert int(cache.lengths[0]) == t
     assert rel_err(stepwise[:, :p], smollm2_our_logits[:, :p]) < 1e-4

@@ -22,9 +22,10 @@ def test_target_logits_xla_vs_interpret(qkv_bias):
     pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
     out = {}
     for impl in ("xla", "interpret"):
-        h, _, aux = target.forward(params, cfg, toks, pos, target.create_cache(cfg, 2, 16),
+        model = target.Target(cfg, params)
+        h, _, aux = model(toks, pos, target.create_cache(cfg, 2, 16),
                                    aux_layers=(0, 1), impl=impl)
-        out[impl] = (target.logits(params, cfg, h, impl=impl), aux)
+        out[impl] = (model.logits(h, impl=impl), aux)
     assert rel(out["interpret"][0], out["xla"][0]) < 1e-5
     assert rel(out["interpret"][1], out["xla"][1]) < 1e-5
 
@@ -42,8 +43,9 @@ def test_drafter_logits_xla_vs_interpret(flags):
     pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
     out = {}
     for impl in ("xla", "interpret"):
-        h = drafter.project_features(params, cfg, aux, impl=impl)
-        logits, fb, _ = drafter.step(params, cfg, toks, h, pos, drafter.create_cache(cfg, 2, 8),
+        model = drafter.Drafter(cfg, params)
+        h = model.project_features(aux, impl=impl)
+        logits, fb, _ = model.step(toks, h, pos, drafter.create_cache(cfg, 2, 8),
                                      embed=embed, impl=impl)
         out[impl] = (logits, fb)
     assert rel(out["interpret"][0], out["xla"][0]) < 1e-5

@@ -101,8 +101,9 @@ def _decode_step_text(cfg, params, platform):
     cache = target.create_cache(cfg, 1, 16)
 
     def step(params, cache, tok, pos):
-        h, cache, _ = target.forward(params, cfg, tok, pos, cache, impl="pallas")
-        return target.logits(params, cfg, h, impl="pallas"), cache
+        model = target.Target(cfg, params)
+        h, cache, _ = model(tok, pos, cache, impl="pallas")
+        return model.logits(h, impl="pallas"), cache
 
     tok = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     return _lower(step, platform, _sds(params), _sds(cache), tok, tok)
@@ -152,8 +153,9 @@ def test_drafter_step_with_fc_norm(platform):
     cache = drafter.create_cache(cfg, 1, 16)
 
     def step(params, embed, cache, aux, tok, pos):
-        h = drafter.project_features(params, cfg, aux, impl="pallas")
-        logits, fb, cache = drafter.step(params, cfg, tok, h, pos, cache, embed=embed, impl="pallas")
+        model = drafter.Drafter(cfg, params)
+        logits, fb, cache = model.step(tok, model.project_features(aux, impl="pallas"), pos, cache, embed=embed,
+                                       impl="pallas")
         return logits, fb, cache
 
     tok = jax.ShapeDtypeStruct((1, 1), jnp.int32)

@@ -41,7 +41,8 @@ from eagle_jax.convert.registry import LoadedTarget, load_converted, save_conver
 from eagle_jax.generate import Generator  # noqa: E402
 from eagle_jax.serve.slots import SlotEngine  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
-from eagle_jax.sharding import DRAFTER_AXES, TARGET_AXES, make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
+from eagle_jax.models.drafter import Drafter  # noqa: E402
+from eagle_jax.sharding import make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
 from eagle_jax.spec import loop  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
@@ -92,8 +93,8 @@ def loaded(mesh) -> dict:
         path = save_converted(LoadedTarget(cfg, params, None, "tiny"), os.path.join(d, "tiny"))
         got = load_converted(path, mesh=mesh_)
     got_drafter = params_from_tensors(dcfg, tensors_from_params(dcfg, dparams, vocab, "speculators"), mesh=mesh_)
-    pairs = [(got.cfg, got.params, shard_model(cfg, params, TARGET_AXES, mesh_)),
-             (got_drafter[0], got_drafter[1], shard_model(dcfg, dparams, DRAFTER_AXES, mesh_))]
+    pairs = [(got.cfg, got.params, shard_model(target.Target, cfg, params, mesh_)),
+             (got_drafter[0], got_drafter[1], shard_model(Drafter, dcfg, dparams, mesh_))]
     same_sharding = [jax.tree.map(lambda a, b: a.sharding == b.sharding, p, want) for _, p, (_, want) in pairs]
     same_value = [jax.tree.map(lambda a, b: bool((a == b).all()), to_host(p), to_host(want))
                   for _, p, (_, want) in pairs]

@@ -33,8 +33,9 @@ def exact_distribution(tcfg, tparams, prompt, sampling, n_tokens=3):
     t = full.shape[1]
     cache = target.create_cache(tcfg, len(seqs), t)
     pos = jnp.broadcast_to(jnp.arange(t), full.shape)
-    hidden, _, _ = target.forward(tparams, tcfg, jnp.asarray(full), pos, cache)
-    probs = np.asarray(probabilities(target.logits(tparams, tcfg, hidden), SamplingParams.rows([sampling] * len(seqs))))
+    model = target.Target(tcfg, tparams)
+    hidden, _, _ = model(jnp.asarray(full), pos, cache)
+    probs = np.asarray(probabilities(model.logits(hidden), SamplingParams.rows([sampling] * len(seqs))))
     p0 = len(prompt) - 1
     out = np.ones(len(seqs))
     for i in range(n_tokens):

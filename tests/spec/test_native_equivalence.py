@@ -55,8 +55,9 @@ def _first_gap(gen, prompt_ids, ours, ref):
     ids = jnp.asarray([prompt_ids + ref[:j]], jnp.int32)
     cache = target.create_cache(gen.target_cfg, 1, ids.shape[1] + 8, gen.target_params["embed"].dtype)
     pos = jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
-    h, _, _ = target.forward(gen.target_params, gen.target_cfg, ids, pos, cache, impl=gen.impl)
-    top = jax.lax.top_k(target.logits(gen.target_params, gen.target_cfg, h[:, -1], impl=gen.impl), 2)[0][0]
+    model = target.Target(gen.target_cfg, gen.target_params)
+    h, _, _ = model(ids, pos, cache, impl=gen.impl)
+    top = jax.lax.top_k(model.logits(h[:, -1], impl=gen.impl), 2)[0][0]
     return j, float(top[0] - top[1])
 
 

@@ -88,6 +88,6 @@ def test_plain_steps_keep_the_drafter_where_a_prefill_would_put_it(width):
     np.testing.assert_array_equal(np.asarray(fresh.pending), np.asarray(state.pending))
     np.testing.assert_array_equal(np.asarray(fresh.dcache.lengths), np.asarray(state.dcache.lengths))
     # The root's prediction and feedback (the drafter's pre-norm output itself is ~100x larger).
-    for got, want in zip(drafter.head(dparams, lc.drafter, state.root_hidden, impl="xla"),
-                         drafter.head(dparams, lc.drafter, fresh.root_hidden, impl="xla")):
+    model = drafter.Drafter(lc.drafter, dparams)
+    for got, want in zip(model.head(state.root_hidden, impl="xla"), model.head(fresh.root_hidden, impl="xla")):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=2e-5)

@@ -105,9 +105,10 @@ def test_features_match_full_logits(setup):
     tokens = jnp.asarray(np.stack([train[i]["input_ids"][:32] for i in range(3)]))
     feats = fn(tparams, tokens, vocab.target_ids, vocab.t2d)
     pos = jnp.broadcast_to(jnp.arange(32), tokens.shape)
-    hidden, _, aux = target.forward(tparams, TCFG, tokens, pos, target.create_cache(TCFG, 3, 32),
+    model = target.Target(TCFG, tparams)
+    hidden, _, aux = model(tokens, pos, target.create_cache(TCFG, 3, 32),
                                     aux_layers=(1, 2, 3))
-    full = target.logits(tparams, TCFG, hidden)
+    full = model.logits(hidden)
     np.testing.assert_allclose(np.asarray(feats.aux), np.asarray(aux), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(feats.logits), np.asarray(full[..., vocab.target_ids]),
                                rtol=1e-4, atol=1e-4)
@@ -419,7 +420,7 @@ def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
     start = jax.tree.map(np.asarray, second.init_state()["params"])
     before = _params(first)
     old_ids, new_ids = np.asarray(small.target_ids), np.asarray(wide.target_ids)
-    head_t = np.asarray(target.lm_head_weight(tparams, TCFG), np.float64)  # [H, V]
+    head_t = np.asarray(target.Target(TCFG, tparams).lm_head_weight(), np.float64)  # [H, V]
     # reference map: solve the normal equations A (W_old W_old^T) = D W_old^T (H = 64 < 64 old ids: full rank)
     w_old = head_t[:, old_ids]
     a = np.linalg.solve(w_old @ w_old.T, w_old @ before["lm_head"].astype(np.float64).T).T
@@ -444,7 +445,7 @@ def test_init_from_a_smaller_vocabulary_widens_the_head(setup, tmp_path):
 def test_init_from_a_narrower_mlp_widens_it_without_changing_the_function(setup, tmp_path):
     """A larger intermediate_size widens the starting drafter's MLP: its gate, up and down weights kept, the
     new units' down rows zero, so the widened drafter's outputs equal the narrow one's (checked through
-    drafter.step on random inputs); the run trains the new units and exports the wider drafter; narrowing
+    Drafter.step on random inputs); the run trains the new units and exports the wider drafter; narrowing
     is refused."""
     from eagle_jax.convert.drafter_formats import load_drafter
     from eagle_jax.train.trainer import Trainer
@@ -475,8 +476,8 @@ def test_init_from_a_narrower_mlp_widens_it_without_changing_the_function(setup,
         hidden = jnp.asarray(rng.normal(size=(2, 5, h)), jnp.float32)
         positions = jnp.broadcast_to(jnp.arange(5, dtype=jnp.int32), (2, 5))
         cache = drafter.create_cache(dcfg, 2, 8)
-        logits, feedback, _ = drafter.step(params, dcfg, tokens, hidden, positions, cache, embed=tparams["embed"],
-                                           impl="xla")
+        logits, feedback, _ = drafter.Drafter(dcfg, params).step(tokens, hidden, positions, cache,
+                                                                 embed=tparams["embed"], impl="xla")
         return np.asarray(logits), np.asarray(feedback)
 
     narrow = outputs(first.dcfg, first.state["params"])

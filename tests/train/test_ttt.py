@@ -18,7 +18,8 @@ H, V, VD = 32, 64, 40
 # Jitted once per config: eager mode would compile every primitive separately (slow).
 unroll = jax.jit(ttt.unroll, static_argnums=(1, 6))
 unroll_reference = jax.jit(ttt.unroll_reference, static_argnums=(1, 6))
-step = jax.jit(drafter.step, static_argnums=(1,))
+step = jax.jit(lambda params, cfg, *args, **kwargs: drafter.Drafter(cfg, params).step(*args, **kwargs),
+               static_argnums=(1,))
 
 
 def _dcfg(**kw):
@@ -58,10 +59,10 @@ def test_mask_matches_brute_force(steps):
 
 
 def test_unroll_matches_plain_steps():
-    """Step 0 = one plain causal drafter.step; step i at position t = a chain rooted at t.
+    """Step 0 = one plain causal Drafter.step; step i at position t = a chain rooted at t.
 
     (EAGLE-3 only: the 3.1 feedback is covered by test_fast_unroll_equals_reference, whose
-    reference runs drafter.step itself.)"""
+    reference runs Drafter.step itself.)"""
     dcfg = _dcfg()
     key = jax.random.PRNGKey(0)
     k1, k2, k3, k4 = jax.random.split(key, 4)
@@ -74,7 +75,7 @@ def test_unroll_matches_plain_steps():
     got = unroll(params, dcfg, embed, aux, ids, lengths, steps)
 
     # Step 0: a plain causal step over the same inputs (token t+1, position t).
-    hidden = drafter.project_features(params, dcfg, aux)
+    hidden = drafter.Drafter(dcfg, params).project_features(aux)
     pos = jnp.broadcast_to(jnp.arange(t), (b, t))
     tok0 = ttt.shift_left(ids, 1)
     l0, fb0, _ = step(params, dcfg, tok0, hidden, pos, drafter.create_cache(dcfg, b, t), embed=embed)
@@ -103,7 +104,7 @@ def test_unroll_matches_plain_steps():
 @pytest.mark.parametrize("variant", [dict(), dict(fc_norm=True, norm_output=True),
                                      dict(norm_before_residual=True)])
 def test_fast_unroll_equals_reference(variant):
-    """The training path (diagonal attention) = drafter.step under the dense TTT masks, grads too."""
+    """The training path (diagonal attention) = Drafter.step under the dense TTT masks, grads too."""
     dcfg = _dcfg(**variant)
     k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(1), 4)
     params = drafter.init_params(dcfg, k1, scale=0.2)
