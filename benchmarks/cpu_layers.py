@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_layers.py [--repeats 15]
 
-1. One decode step (batch 1, one token, 256-slot cache, `target.forward` +
+1. One decode step (batch 1, one token, 256-slot cache, the `Target` call +
    logits, cache donated) with the layers stacked under `lax.scan` against
    the per-layer buffers of `target.unstack_layers` (an unrolled loop).
 2. The weight matmuls of all 30 layers alone (x @ wqkv, x @ wo,

@@ -139,7 +139,7 @@ def layer_matmuls(params, cfg, x):
     """
     import jax.numpy as jnp
 
-    for p in params["layers"]:
+    for p in params["layers"].values():
         q = jnp.dot(x, p["wqkv"])[:, :cfg.q_size]
         x = x + jnp.dot(q, p["wo"])
         gu = jnp.dot(x, p["w_gate_up"])

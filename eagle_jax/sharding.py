@@ -171,14 +171,14 @@ def fused_layout(cfg, model: int):
 
 def logical_axes(module: nnx.Module) -> dict:
     """The logical axes of each parameter of `module`, laid out as the parameters it was
-    built from (a dict per module, a tuple per `nnx.List`): what `shard_params`
+    built from (a dict per module; per `nnx.List`, a dict keyed by index): what `shard_params`
     places them by."""
     out = {}
     for name, v in vars(module).items():
         if isinstance(v, nnx.Param):
             out[name] = tuple(v.out_sharding)
         elif isinstance(v, nnx.List):
-            out[name] = tuple(logical_axes(m) for m in v)
+            out[name] = {i: logical_axes(m) for i, m in enumerate(v)}
         elif isinstance(v, nnx.Module):
             out[name] = logical_axes(v)
     return out

@@ -27,11 +27,18 @@ def _same_tree(got, want):
         assert a is b
 
 
-@pytest.mark.parametrize("model", ["target", "drafter"])
+@pytest.mark.parametrize("model", ["target", "target_unrolled", "target_packed", "drafter"])
 def test_module_state_is_the_parameter_layout(model):
-    """`nnx.state` of a module built from a PARAMS.md dict is that dict, the same arrays."""
-    module = target.Target(TCFG, TPARAMS) if model == "target" else drafter.Drafter(DCFG, DPARAMS)
-    _same_tree(nnx.to_pure_dict(nnx.state(module, nnx.Param)), TPARAMS if model == "target" else DPARAMS)
+    """`nnx.state` of a module built from a PARAMS.md dict is that dict, the same arrays,
+    and a module built from that state is the same module: stacked or per-layer target
+    layers, plain or packed projections."""
+    params = {"target": TPARAMS, "target_unrolled": target.unstack_layers(TPARAMS), "drafter": DPARAMS,
+              "target_packed": target.pack_for_cpu(target.unstack_layers(TPARAMS), TCFG)}[model]
+    build = (lambda p: drafter.Drafter(DCFG, p)) if model == "drafter" else (lambda p: target.Target(TCFG, p))
+    state = nnx.to_pure_dict(nnx.state(build(params), nnx.Param))
+    _same_tree(state, params)
+    graphdef, _ = nnx.split(build(params))
+    assert nnx.split(build(state))[0] == graphdef
 
 
 def test_parameters_carry_their_logical_axes():
@@ -49,7 +56,7 @@ def test_parameters_carry_their_logical_axes():
         assert len(axes["layers"][name]) == leaf.ndim, name
 
     unrolled = logical_axes(target.Target(TCFG, target.unstack_layers(TPARAMS)))
-    assert isinstance(unrolled["layers"], tuple) and len(unrolled["layers"]) == TCFG.num_layers
+    assert sorted(unrolled["layers"]) == list(range(TCFG.num_layers))
     assert unrolled["layers"][2]["w_gate_up"] == ("embed", "ffw2")
 
     daxes = logical_axes(drafter.Drafter(DCFG, DPARAMS))
@@ -80,8 +87,14 @@ def test_split_once_then_merge_under_jit():
     np.testing.assert_allclose(got[2], want_aux, rtol=1e-5, atol=1e-5)
 
 
-def test_unknown_parameter_is_refused():
+def test_unknown_or_misplaced_parameter_is_refused():
     with pytest.raises(ValueError, match="Target has no parameter 'lm_bias'"):
         target.Target(TCFG, {**TPARAMS, "lm_bias": jnp.zeros(3)})
+    with pytest.raises(ValueError, match="TargetLayer has no parameter 'final_norm'"):
+        target.Target(TCFG, {**TPARAMS, "layers": {**TPARAMS["layers"], "final_norm": jnp.zeros(3)}})
+    with pytest.raises(ValueError, match="Drafter has no parameter 'wqkv'"):
+        drafter.Drafter(DCFG, {**DPARAMS, "wqkv": DPARAMS["layer"]["wqkv"]})
     with pytest.raises(ValueError, match="DrafterLayer has no parameter 'q_proj'"):
         drafter.Drafter(DCFG, {**DPARAMS, "layer": {**DPARAMS["layer"], "q_proj": jnp.zeros(3)}})
+    with pytest.raises(ValueError, match=r"per-layer params hold layers \[0, 1\], the config 0 .. 3"):
+        target.Target(TCFG, {**TPARAMS, "layers": {i: target.unstack_layers(TPARAMS)["layers"][i] for i in (0, 1)}})

@@ -32,11 +32,13 @@ from eagle_jax.models.layers import (embed_tokens, native_attention, param_value
 from eagle_jax.nn import attention, rms_norm, rope_tables
 from eagle_jax.sharding import RULES
 
-# Each parameter's logical axes by leaf name (docs/PARAMS.md layout; `layer`'s weights by
-# their own names); sharding.RULES maps them onto a mesh.
+# Each parameter's logical axes by leaf name (docs/PARAMS.md layout): the model's own, and
+# its decoder `layer`'s. sharding.RULES maps them onto a mesh.
 AXES: dict[str, tuple[str, ...]] = {
     "fc": ("aux", "embed"), "fc_norm": ("aux_states", "target_embed"), "input_norm": ("aux",),
     "norm": ("embed",), "lm_head": ("embed", "draft_vocab"), "embed": ("vocab", "embed"),
+}
+LAYER_AXES: dict[str, tuple[str, ...]] = {
     "input_layernorm": ("embed",), "hidden_norm": ("embed",), "post_attention_layernorm": ("embed",),
     "wqkv": ("embed2", "qkv"), "bqkv": ("qkv",), "wo": ("q_heads", "embed"), "bo": ("embed",),
     "w_gate_up": ("embed", "ffw2"), "w_down": ("ffw", "embed"),
@@ -89,25 +91,22 @@ def prepare_for_decoding(params, *, impl: str = "auto"):
 
 class DrafterLayer(nnx.Module):
     """The drafter's decoder layer weights (docs/PARAMS.md `layer`), each an
-    `nnx.Param` carrying its logical axes (`AXES`)."""
+    `nnx.Param` carrying its logical axes (`LAYER_AXES`)."""
 
     def __init__(self, weights: dict):
-        set_params(self, weights, AXES)
+        set_params(self, weights, LAYER_AXES)
 
 
 class Drafter(nnx.Module):
     """The drafter as a Flax NNX module, built from its parameters in the
     layout of docs/PARAMS.md (`Drafter(cfg, params)`, plain or packed
-    projections); jitted code passes that pure dict and builds the module
-    inside the trace, as for `target.Target`."""
+    projections), which is its pure state; jitted code passes that dict and
+    builds the module inside the trace, as for `target.Target`."""
 
     def __init__(self, cfg: DrafterConfig, params: dict):
         self.cfg = cfg
         self.layer = DrafterLayer(params["layer"])
         set_params(self, {name: x for name, x in params.items() if name != "layer"}, AXES)
-
-    def _get(self, name: str):
-        return getattr(self, name).get_value()
 
     def project_features(self, aux: jax.Array, *, impl: str = "auto") -> jax.Array:
         """aux [B, T, A*Ht] (aux states concatenated in layer order) -> [B, T, H]."""
@@ -116,18 +115,18 @@ class Drafter(nnx.Module):
             raise ValueError(f"drafter expects {cfg.num_aux} aux states of size {cfg.target_hidden_size} "
                              f"({cfg.fc_in_size} features), got {aux.shape[-1]}")
         if cfg.fc_norm:
-            return fused_norm_matmul(aux, self._get("fc_norm"), self._get("fc"), eps=cfg.rms_norm_eps,
+            return fused_norm_matmul(aux, self.fc_norm.get_value(), self.fc.get_value(), eps=cfg.rms_norm_eps,
                                      segments=cfg.num_aux, impl=impl, column_axis=_FC_COLUMNS)
         if cfg.norm_before_fc:
-            return fused_norm_matmul(aux, self._get("input_norm"), self._get("fc"), eps=cfg.rms_norm_eps,
+            return fused_norm_matmul(aux, self.input_norm.get_value(), self.fc.get_value(), eps=cfg.rms_norm_eps,
                                      impl=impl, column_axis=_FC_COLUMNS)
-        return matmul(aux, self._get("fc"), impl=impl)
+        return matmul(aux, self.fc.get_value(), impl=impl)
 
     def layer_forward(self, tokens, hidden, positions, attend, *, embed=None, impl: str = "auto"):
         """The decoder layer with the attention supplied by
         `attend(qkv, cos, sin) -> (out [B, T, Hq*D], extra)`: it gets the fused
         projection and the RoPE tables (`layers.rotated_heads` splits and rotates them).
-        Shared by `forward` (extra: the cache with the new K/V written) and the
+        Shared by the call (extra: the cache with the new K/V written) and the
         training-time-test unroll (train/ttt.py, extra: the rotated k and v),
         which attends differently.
 
@@ -137,7 +136,7 @@ class Drafter(nnx.Module):
         layer = param_values(self.layer)
         eps = cfg.rms_norm_eps
         if cfg.has_embedding:
-            embed = self._get("embed")
+            embed = self.embed.get_value()
         elif embed is None:
             raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
         e = embed_tokens(embed, tokens, impl=impl).astype(hidden.dtype)
@@ -159,13 +158,14 @@ class Drafter(nnx.Module):
         The feedback is h itself (EAGLE-3) or norm(h) with `norm_output` (EAGLE 3.1).
         """
         cfg = self.cfg
-        logits = fused_norm_matmul(h, self._get("norm"), self._get("lm_head"), eps=cfg.rms_norm_eps, impl=impl,
+        norm = self.norm.get_value()
+        logits = fused_norm_matmul(h, norm, self.lm_head.get_value(), eps=cfg.rms_norm_eps, impl=impl,
                                    out_dtype=jnp.float32)
-        feedback = rms_norm(h, self._get("norm"), cfg.rms_norm_eps) if cfg.norm_output else h
+        feedback = rms_norm(h, norm, cfg.rms_norm_eps) if cfg.norm_output else h
         return logits, feedback
 
-    def forward(self, tokens, hidden, positions, cache: KVCache, *, embed=None, mask=None, slot_mask=None,
-                impl: str = "auto"):
+    def __call__(self, tokens, hidden, positions, cache: KVCache, *, embed=None, mask=None, slot_mask=None,
+                 impl: str = "auto"):
         """One drafter layer pass over T new positions per row, without the head.
 
         tokens [B, T] int32 (target ids: the token *after* each position), hidden
@@ -211,11 +211,10 @@ class Drafter(nnx.Module):
 
     def step(self, tokens, hidden, positions, cache: KVCache, *, embed=None, mask=None, slot_mask=None,
              logits_at=None, impl: str = "auto"):
-        """`forward`, then the head: (draft logits float32 [B, T, Vd], feedback
+        """The call, then the head: (draft logits float32 [B, T, Vd], feedback
         [B, T, H], cache). `logits_at` [B] int32 computes the logits at one
         position per row only (then [B, 1, Vd])."""
-        h, cache = self.forward(tokens, hidden, positions, cache, embed=embed, mask=mask, slot_mask=slot_mask,
-                                impl=impl)
+        h, cache = self(tokens, hidden, positions, cache, embed=embed, mask=mask, slot_mask=slot_mask, impl=impl)
         logits, _ = self.head(h if logits_at is None else
                               jnp.take_along_axis(h, logits_at[:, None, None], axis=1), impl=impl)
         _, feedback = self.head(h, impl=impl) if self.cfg.norm_output else (None, h)

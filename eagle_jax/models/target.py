@@ -26,10 +26,11 @@ from eagle_jax.nn import attention, rope_tables
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
 
-# Each parameter's logical axes by leaf name (docs/PARAMS.md layout, layers stacked);
-# sharding.RULES maps them onto a mesh.
-AXES: dict[str, tuple[str, ...]] = {
-    "embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"), "final_norm": ("embed",),
+# Each parameter's logical axes by leaf name (docs/PARAMS.md layout): the model's own, and
+# the decoder layers' (stacked; one layer's drop "layers"). sharding.RULES maps them onto a mesh.
+AXES: dict[str, tuple[str, ...]] = {"embed": ("vocab", "embed"), "lm_head": ("embed", "vocab"),
+                                    "final_norm": ("embed",)}
+LAYER_AXES: dict[str, tuple[str, ...]] = {
     "attn_norm": ("layers", "embed"), "wqkv": ("layers", "embed", "qkv"), "bqkv": ("layers", "qkv"),
     "wo": ("layers", "q_heads", "embed"), "bo": ("layers", "embed"),
     "q_norm": ("layers", "head_dim"), "k_norm": ("layers", "head_dim"),
@@ -41,21 +42,27 @@ def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32)
     return KVCache.create(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
+def per_layer(layers) -> bool:
+    """Whether `layers` holds one dict per layer keyed by its index (`unstack_layers`),
+    not stacked arrays."""
+    return bool(layers) and all(isinstance(k, int) for k in layers)
+
+
 def unstack_layers(params):
-    """Stacked `layers` (dict of [L, ...]) -> a tuple of L per-layer dicts, each
-    its own buffer. `forward` then runs the layers as an unrolled Python loop
+    """Stacked `layers` (dict of [L, ...]) -> L per-layer dicts keyed 0 .. L-1 (the
+    layout Flax gives the state of a module's `nnx.List`), each its own buffer.
+    `Target` then runs the layers as an unrolled Python loop
     instead of `lax.scan`: on CPU, scan copies every layer's weights out of the
     stacked arrays each step (a decode step ~1.5x slower), while separate buffers
     feed the matmuls directly. Costs a longer compile; outputs are identical."""
     layers = params["layers"]
-    if isinstance(layers, tuple):
+    if per_layer(layers):
         return params
     # Through host memory: one copy per array, where eager device slicing
     # compiles and dispatches one op per (leaf, layer).
     host = jax.tree.map(np.asarray, layers)
     num = jax.tree.leaves(host)[0].shape[0]
-    return {**params, "layers": tuple(jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), host)
-                                      for i in range(num))}
+    return {**params, "layers": {i: jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), host) for i in range(num)}}
 
 
 def pack_for_cpu(params, cfg: TargetConfig):
@@ -63,13 +70,12 @@ def pack_for_cpu(params, cfg: TargetConfig):
     tied) for the native CPU kernels, all in one host block; stacked or
     per-layer `layers` alike."""
     layers = params["layers"]
-    per_layer = layers if isinstance(layers, tuple) else (layers,)
-    weights = [x for layer in per_layer for name, x in layer.items() if name in MATMUL_WEIGHTS]
+    parts = layers if per_layer(layers) else {None: layers}
+    weights = [x for layer in parts.values() for name, x in layer.items() if name in MATMUL_WEIGHTS]
     packed = iter(cpu.pack_weights([*weights, Target(cfg, params).lm_head_weight()]))
-    per_layer = tuple({name: next(packed) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
-                      for layer in per_layer)
-    return {**params, "layers": per_layer if isinstance(layers, tuple) else per_layer[0],
-            "lm_head": next(packed)}
+    parts = {i: {name: next(packed) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
+             for i, layer in parts.items()}
+    return {**params, "layers": parts if per_layer(layers) else parts[None], "lm_head": next(packed)}
 
 
 def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unroll: bool | None = None):
@@ -90,14 +96,14 @@ def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unrol
     return params
 
 
-class DecoderLayer(nnx.Module):
+class TargetLayer(nnx.Module):
     """A decoder layer's weights (docs/PARAMS.md `layers`), each an `nnx.Param`
-    carrying its logical axes (`AXES`): one layer's, or all
-    layers' stacked on a leading `layers` axis (then `weights(i)` picks one)."""
+    carrying its logical axes (`LAYER_AXES`): one layer's, or all layers'
+    stacked on a leading `layers` axis (then `weights(i)` picks one)."""
 
     def __init__(self, weights: dict, *, stacked: bool):
         self.stacked = stacked
-        set_params(self, weights, AXES, drop=0 if stacked else 1)
+        set_params(self, weights, LAYER_AXES, drop=0 if stacked else 1)
 
     def weights(self, i=None) -> dict:
         """{leaf name: value}; of stacked weights, layer i (traced): each [L, K, N]
@@ -143,20 +149,21 @@ def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, na
 class Target(nnx.Module):
     """The target decoder as a Flax NNX module, built from its parameters in
     the layout of docs/PARAMS.md (`Target(cfg, params)`: stacked or per-layer
-    `layers`, plain or packed projections). The jitted loop and the trainer
-    pass that pure dict through `jit` and build the module inside the trace:
-    flattening a module costs several times a dict of the same arrays on
-    every call of a step."""
+    `layers`, plain or packed projections), which is its pure state
+    (`nnx.to_pure_dict(nnx.state(model))` gives the same dict back). The jitted
+    loop and the trainer pass that dict through `jit` and build the module inside
+    the trace: `jit` flattens a module several times slower than a dict of the
+    same arrays, on every call of a step."""
 
     def __init__(self, cfg: TargetConfig, params: dict):
         self.cfg = cfg
         layers = params["layers"]
-        if isinstance(layers, tuple):
-            if len(layers) != cfg.num_layers:
-                raise ValueError(f"params hold {len(layers)} layers, the config {cfg.num_layers}")
-            self.layers = nnx.List([DecoderLayer(p, stacked=False) for p in layers])
+        if per_layer(layers):
+            if sorted(layers) != list(range(cfg.num_layers)):
+                raise ValueError(f"per-layer params hold layers {sorted(layers)}, the config 0 .. {cfg.num_layers - 1}")
+            self.layers = nnx.List([TargetLayer(layers[i], stacked=False) for i in range(cfg.num_layers)])
         else:
-            self.layers = DecoderLayer(layers, stacked=True)
+            self.layers = TargetLayer(layers, stacked=True)
         set_params(self, {name: x for name, x in params.items() if name != "layers"}, AXES)
 
     def __call__(self, tokens, positions, cache: KVCache, mask=None, *, aux_layers: tuple[int, ...] = (),

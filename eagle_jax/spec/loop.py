@@ -200,8 +200,8 @@ def prefill(tparams, dparams, vocab, tokens, prompt_len, max_new, keys, sampling
 
     def body(dcache, xs):
         tok, pos, feats = xs
-        out, dcache = dmodel.forward(tok, dmodel.project_features(feats, impl=lc.impl), pos, dcache,
-                                     embed=tparams["embed"], impl=lc.impl)
+        out, dcache = dmodel(tok, dmodel.project_features(feats, impl=lc.impl), pos, dcache,
+                             embed=tparams["embed"], impl=lc.impl)
         return dcache.commit(jnp.full((b,), c, jnp.int32)), _last(out, jnp.clip(prompt_len - 1 - pos[:, 0], 0, c - 1))
 
     dcache, chunk_out = jax.lax.scan(body, dcache, (split(dtokens), split(positions), split(aux)))
@@ -321,8 +321,8 @@ def _roll_drafter(tparams, dparams, state: DecodeState, lc: LoopConfig, new_toke
     with jax.named_scope("drafter"):
         positions = base[:, None] + jnp.arange(new_tokens.shape[1])[None]
         dmodel = drafter.Drafter(lc.drafter, dparams)
-        out, dcache = dmodel.forward(new_tokens, dmodel.project_features(feats, impl=lc.impl), positions,
-                                     state.dcache, embed=tparams["embed"], impl=lc.impl)
+        out, dcache = dmodel(new_tokens, dmodel.project_features(feats, impl=lc.impl), positions, state.dcache,
+                             embed=tparams["embed"], impl=lc.impl)
     return state.replace(dcache=dcache.commit(m), root_hidden=jnp.where(
         (m > 0)[:, None], _last(out, jnp.maximum(m - 1, 0)), state.root_hidden))
 
