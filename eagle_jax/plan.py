@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
-from eagle_jax.sharding import CACHE_AXES, MeshShape, axes_at, logical_axes, parse_mesh, per_device_elements
+from eagle_jax.sharding import CACHE_AXES, MeshShape, logical_axes, parse_mesh, per_device_elements
 
 __all__ = ["add_arguments", "main", "plan", "resolve_config"]
 
@@ -61,9 +61,9 @@ def resolve_config(name_or_path: str) -> dict:
 def _leaf_bytes(model_type, cfg, tree, mesh: MeshShape, heads) -> int:
     """Bytes one device holds of an abstract parameter tree, by the logical axes the
     module (`model_type`) gives each leaf."""
-    axes = logical_axes(model_type(cfg, tree))
-    return sum(per_device_elements(leaf.shape, axes_at(axes, path), mesh, heads) * leaf.dtype.itemsize
-               for path, leaf in jax.tree_util.tree_leaves_with_path(tree))
+    sizes = jax.tree.map(lambda leaf, axes: per_device_elements(leaf.shape, axes, mesh, heads) * leaf.dtype.itemsize,
+                         tree, logical_axes(model_type(cfg, tree)))
+    return sum(jax.tree.leaves(sizes))
 
 
 def _cache_bytes(cache, mesh: MeshShape, heads) -> int:

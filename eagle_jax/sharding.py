@@ -36,7 +36,7 @@ from flax import nnx
 
 from eagle_jax.config import ConfigError
 
-__all__ = ["MeshShape", "RULES", "CACHE_AXES", "parse_mesh", "logical_axes", "axes_at",
+__all__ = ["MeshShape", "RULES", "CACHE_AXES", "parse_mesh", "logical_axes",
            "per_device_elements", "partition_spec", "make_mesh", "fused_layout",
            "shard_params", "shard_model", "shard_cache", "to_host"]
 
@@ -170,26 +170,14 @@ def fused_layout(cfg, model: int):
 
 
 def logical_axes(module: nnx.Module) -> dict:
-    """The logical axes of each parameter of `module`, laid out as the parameters it was
-    built from (a dict per module; per `nnx.List`, a dict keyed by index): what `shard_params`
-    places them by."""
-    out = {}
-    for name, v in vars(module).items():
-        if isinstance(v, nnx.Param):
-            out[name] = tuple(v.out_sharding)
-        elif isinstance(v, nnx.List):
-            out[name] = {i: logical_axes(m) for i, m in enumerate(v)}
-        elif isinstance(v, nnx.Module):
-            out[name] = logical_axes(v)
-    return out
+    """The logical axes of each parameter of `module` (Flax's `nnx.get_partition_spec` of its
+    state, a tuple of names per leaf), laid out as the parameters it was built from: what
+    `shard_params` places them by."""
+    import jax
+    from jax.sharding import PartitionSpec
 
-
-def axes_at(axes, path) -> tuple[str, ...]:
-    """The logical axes of the parameter at `path` (a jax key path into the parameters)
-    in `axes`, the same layout with a tuple of names per leaf (`logical_axes`)."""
-    for key in path:
-        axes = axes[key.key if hasattr(key, "key") else key.idx]
-    return axes
+    specs = nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(module, nnx.Param)))
+    return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def shard_params(params, axes, mesh, columns: dict | None = None):
@@ -205,9 +193,9 @@ def shard_params(params, axes, mesh, columns: dict | None = None):
     shape = MeshShape(mesh.shape["data"], mesh.shape["model"])
     columns = columns or {}
 
-    def put(path, x):
+    def put(path, x, leaf_axes):
         name = path[-1].key
-        sharding = NamedSharding(mesh, partition_spec(axes_at(axes, path), x.shape, shape))
+        sharding = NamedSharding(mesh, partition_spec(leaf_axes, x.shape, shape))
         order = columns.get(name)
         if isinstance(x, np.ndarray):
             def read(index):
@@ -217,7 +205,7 @@ def shard_params(params, axes, mesh, columns: dict | None = None):
             return jax.make_array_from_callback(x.shape, sharding, read)
         return jax.device_put(x if order is None else x[..., order], sharding)
 
-    return jax.tree_util.tree_map_with_path(put, params)
+    return jax.tree_util.tree_map_with_path(put, params, axes)
 
 
 def shard_model(model_type, cfg, params, mesh):

@@ -43,7 +43,8 @@ def test_module_state_is_the_parameter_layout(model):
 
 def test_parameters_carry_their_logical_axes():
     """Each parameter's axes as declared (the unrolled layers' without the `layers` axis),
-    read two ways: `logical_axes` and Flax's own `nnx.get_partition_spec`."""
+    as `logical_axes` gives them (tuples, in the parameters' layout) and as Flax's own
+    `nnx.get_partition_spec` gives them (PartitionSpecs of logical names)."""
     stacked = target.Target(TCFG, TPARAMS)
     axes = logical_axes(stacked)
     assert axes["embed"] == ("vocab", "embed")
