@@ -2,7 +2,7 @@
 
 `fused_norm_matmul` is the single entry point; `impl` selects the XLA
 reference path, the native CPU kernels (`cpu`, on weights packed once) or a
-Pallas lowering (Mosaic on TPU, Triton on GPU, or either kernel body under
+Pallas lowering (Mosaic on TPU, Mosaic GPU on GPU, or either kernel body under
 the Pallas interpreter); ``"auto"`` (`auto_impl`) is Pallas on TPU, XLA on
 GPU (until Pallas is measured faster there), native or XLA on CPU. `matmul`
 is the plain projection on the same weights. Every path takes the trained

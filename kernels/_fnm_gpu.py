@@ -1,22 +1,32 @@
-"""GPU (Triton, through `pl.pallas_call` + `pltriton.CompilerParams`) lowering.
+"""GPU lowering: a Mosaic GPU kernel (`plgpu.kernel`, warpgroup semantics, Hopper `wgmma`).
 
-Grid (N/bn, M/bm), one program per output tile (W is [K, N], or [L, K, N]
-with the layer index an int32 operand the program reads, so a scanned layer's
-weight is read in place); the K reduction is a
-`fori_loop` inside the program (a GPU grid has no sequential axis to carry an
-accumulator across programs). The refs are the whole arrays (no BlockSpecs):
-each program loads power-of-two tiles x [bm, bk] and W' [bk, bn] with masked
-loads (``other=0``) at offsets it computes from its program ids, and writes
-its [bm, bn] tile with a masked store, so M, N and the segment length need
-not divide the blocks and nothing is read or written out of bounds.
+Grid (M/64, N/bn): one block, one warpgroup, per [64, bn] output tile; decode
+rows are few, so x is zero-padded to 64 rows (activation-sized; the pad rows
+are dropped). Per segment s (a static Python loop), `plgpu.emit_pipeline`
+streams the segment's K tiles by TMA into 128-byte-swizzled shared memory:
+the x tile [64, 64], the gains [64] and the W tile [64, bn], several steps in
+flight. The body reads the x tile into registers, adds its squares to the
+row sums ss_s, writes x * g back over the same shared-memory slot, fences it
+for the tensor cores (`commit_smem`) and issues `wgmma(acc_s, x * g, W)` into
+an f32 accumulator. When the segment's last tile is in, the tile adds
+acc_s * rsqrt(ss_s / ks + eps); then the bias (copied to shared memory at the
+start) and one TMA store through shared memory. The gains scale the
+activation tile; W is read as given, never folded or re-laid out.
 
-Per segment s (a static Python loop, so a tile never straddles segments):
-acc_s = sum_t (x_tile * g_tile) @ W_tile in f32 and ss_s = sum_t
-rowsum(x_tile^2); then out += acc_s * rsqrt(ss_s / ks + eps). The gains
-scale the [bm, bk] activation tile; W is read as given. f32 inputs use IEEE
-f32 dots (precision HIGHEST, not TF32).
+A stacked weight [L, K, N] is read in place: the layer index is copied to
+shared memory (four int32: TMA moves at least 16 bytes) and the pipeline
+streams `w.at[layer]`.
 
-The same body runs under ``interpret=True`` on CPU (the tests).
+What `wgmma` and the swizzled layouts allow, and so what this kernel takes:
+x and W of one dtype, bfloat16 or float16 (wgmma has no IEEE float32 path:
+float32 operands would run as TF32); N and the segment length multiples of
+64. Anything else is a one-line ValueError naming the shape; the XLA path
+(`impl="xla"`) takes every shape and dtype.
+
+Layout casts (`plgpu.layout_cast`) are hints for Mosaic GPU's layout
+inference; the GPU interpreter (`interpret=True`, CPU tests) has no rule for
+them and they carry no values, so it runs the body without them. The
+interpreter fills unwritten memory with NaN, so a tile the grid misses shows.
 """
 
 from __future__ import annotations
@@ -26,116 +36,134 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from eagle_jax.kernels._refs import split_refs
-
-
-# Enough programs to keep every SM of an H100/H200 (132 SMs) busy twice over.
-_TARGET_PROGRAMS = 264
-
-
-def block_sizes(m: int, n: int, ks: int, x_itemsize: int):
-    """(bm, bn, bk, num_warps, num_stages); every block a power of two >= 16.
-
-    Decode rows are few, so bm is the smallest power of two >= M (at least
-    16, what a Triton dot needs); bn shrinks from 128 towards 32 until the
-    grid has enough programs to spread the W stream over the SMs. Untuned
-    heuristics: no GPU was available when they were written.
-    """
-    bm = min(64, max(16, pl.next_power_of_2(m)))
-    m_blocks = pl.cdiv(m, bm)
-    bn = 128
-    while bn > 32 and pl.cdiv(n, bn) * m_blocks < _TARGET_PROGRAMS:
-        bn //= 2
-    cap = 128 if x_itemsize <= 2 else 64
-    bk = cap
-    while bk > 16 and ks % bk:
-        bk //= 2
-    if ks % bk:  # no power of two >= 16 divides ks: mask the last tile
-        bk = cap
-    bk = min(bk, max(16, pl.next_power_of_2(ks)))
-    return bm, bn, bk, 4, 3
+ROWS = 64  # one warpgroup's wgmma tile height
+K_TILE = 64  # 128 bytes of a 16-bit dtype: the 128-byte swizzle
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Enough blocks to keep every SM of an H100/H200 (132 SMs) busy twice over.
+_TARGET_BLOCKS = 264
+_MAX_STEPS_IN_FLIGHT = 4
+_WGMMA = plgpu.Layout.WGMMA
 
 
-def _kernel(layer_ref, *refs, m, n, ks, segments, bm, bn, bk, eps, precision, has_bias, has_init, stacked):
-    x_ref, g_ref, w_ref, b_ref, (o_ref,) = split_refs(refs, has_bias, has_init)
-    # One indexer per load (Triton lowering takes no chained .at): the layer, when stacked, leads it.
-    lead = (pltriton.load(layer_ref.at[pl.ds(0, 1)])[0],) if stacked else ()
-
-    j = pl.program_id(0)
-    i = pl.program_id(1)
-    row0 = i * bm
-    col0 = j * bn
-    row_ok = (row0 + jnp.arange(bm)) < m
-    col_ok = (col0 + jnp.arange(bn)) < n
-    n_tiles = pl.cdiv(ks, bk)
-
-    out = jnp.zeros((bm, bn), jnp.float32)
-    for s in range(segments):
-        def body(t, carry, s=s):
-            acc, ss = carry
-            k_ok = (t * bk + jnp.arange(bk)) < ks
-            k0 = s * ks + t * bk
-            xt = pltriton.load(x_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)],
-                               mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            gt = pltriton.load(g_ref.at[pl.ds(k0, bk)], mask=k_ok, other=0.0)
-            wt = pltriton.load(w_ref.at[(*lead, pl.ds(k0, bk), pl.ds(col0, bn))],
-                               mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if wt.dtype != xt.dtype:
-                wt = wt.astype(xt.dtype)
-            xf = xt.astype(jnp.float32)
-            xg = (xf * gt.astype(jnp.float32)[None, :]).astype(xt.dtype)
-            acc = acc + jax.lax.dot(xg, wt, precision=precision,
-                                    preferred_element_type=jnp.float32)
-            ss = ss + jnp.sum(xf * xf, axis=1)
-            return acc, ss
-
-        acc, ss = jax.lax.fori_loop(
-            0, n_tiles, body,
-            (jnp.zeros((bm, bn), jnp.float32), jnp.zeros((bm,), jnp.float32)))
-        out = out + acc * jax.lax.rsqrt(ss * (1.0 / ks) + eps)[:, None]
-
-    if has_bias:
-        b = pltriton.load(b_ref.at[pl.ds(col0, bn)], mask=col_ok, other=0.0)
-        out = out + b.astype(jnp.float32)[None, :]
-    pltriton.store(o_ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], out.astype(o_ref.dtype),
-                   mask=row_ok[:, None] & col_ok[None, :])
+def block_cols(m: int, n: int) -> int:
+    """bn: 128 where N divides into enough 128-wide blocks, else 64. Untuned:
+    no GPU was available when it was written."""
+    blocks_128 = pl.cdiv(m, ROWS) * (n // 128)
+    return 128 if n % 128 == 0 and blocks_128 >= _TARGET_BLOCKS else 64
 
 
-def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, blocks=None, layer=None):
+def check_shapes(x_dtype, w_dtype, n: int, ks: int) -> None:
+    """One-line ValueError unless this kernel tiles the problem (module docstring)."""
+    if jnp.dtype(x_dtype) not in DTYPES or jnp.dtype(w_dtype) != jnp.dtype(x_dtype):
+        raise ValueError(
+            f"the Mosaic GPU kernel takes x and w of one dtype, bfloat16 or float16 (wgmma has no "
+            f"IEEE float32 path), got {jnp.dtype(x_dtype)} and {jnp.dtype(w_dtype)}; use impl='xla'")
+    if n % 64 or ks % K_TILE:
+        raise ValueError(
+            f"the Mosaic GPU kernel needs N and the segment length to be multiples of 64, got "
+            f"N={n} and segment length {ks}; use impl='xla'")
+
+
+def _swizzled(cols: int, dtype):
+    """Tiling + swizzle transforms for a [rows, cols] shared-memory tile of `dtype`."""
+    item = jnp.dtype(dtype).itemsize
+    swizzle = plgpu.find_swizzle(cols * item * 8)
+    return plgpu.TilingTransform((8, swizzle // item)), plgpu.SwizzleTransform(swizzle)
+
+
+def interpret_params():
+    """The GPU interpreter's parameters (exported from jax 0.11; jax 0.10 keeps them private)."""
+    cls = getattr(plgpu, "InterpretGPUParams", None)
+    if cls is None:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as cls
+    return cls()
+
+
+def _kernel(layer_g, x_g, g_g, w_g, *refs, segments, ks, bn, eps, has_bias, stacked, interpret):
+    b_g, o_g = refs if has_bias else (None, refs[0])
+    dtype = x_g.dtype
+    steps = ks // K_TILE
+    i = jax.lax.axis_index("m")
+    j = jax.lax.axis_index("n")
+    cast = (lambda v, layout: v) if interpret else plgpu.layout_cast
+
+    def scoped(layer_s, bias_s, out_s, barriers):
+        if stacked:
+            plgpu.copy_gmem_to_smem(layer_g, layer_s, barriers.at[0])
+            plgpu.barrier_wait(barriers.at[0])
+            w = w_g.at[layer_s[0]]
+        else:
+            w = w_g
+        if has_bias:
+            plgpu.copy_gmem_to_smem(b_g.at[pl.ds(j * bn, bn)], bias_s, barriers.at[1])
+
+        def segment(s, acc):
+            def body(_, x_s, g_s, w_s, ss):
+                xf = cast(x_s[...], _WGMMA).astype(jnp.float32)
+                ss = ss + jnp.sum(xf * xf, axis=1)
+                gains = jax.lax.broadcast_in_dim(cast(g_s[...], _WGMMA.reduce(0)), (ROWS, K_TILE), (1,))
+                x_s[...] = (xf * gains.astype(jnp.float32)).astype(dtype)
+                plgpu.commit_smem()
+                plgpu.wgmma(acc, x_s, w_s)
+                plgpu.wgmma_wait(0)
+                return ss
+
+            first = s * steps
+            ss = plgpu.emit_pipeline(
+                body, grid=(steps,),
+                in_specs=[plgpu.BlockSpec((ROWS, K_TILE), lambda t: (i, first + t), transforms=_swizzled(K_TILE, dtype)),
+                          plgpu.BlockSpec((K_TILE,), lambda t: (first + t,)),
+                          plgpu.BlockSpec((K_TILE, bn), lambda t: (first + t, j), transforms=_swizzled(bn, dtype))],
+                max_concurrent_steps=min(steps, _MAX_STEPS_IN_FLIGHT),
+                init_carry=cast(jnp.zeros((ROWS,), jnp.float32), _WGMMA.reduce(1)))(x_g, g_g, w)
+            scale = jax.lax.rsqrt(ss * (1.0 / ks) + eps)
+            return acc[...] * jax.lax.broadcast_in_dim(scale, (ROWS, bn), (0,))
+
+        out = None
+        for s in range(segments):
+            part = pl.run_scoped(functools.partial(segment, s), plgpu.ACC((ROWS, bn), jnp.float32))
+            out = part if out is None else out + part
+        if has_bias:
+            plgpu.barrier_wait(barriers.at[1])
+            bias = cast(bias_s[...], _WGMMA.reduce(0)).astype(jnp.float32)
+            out = out + jax.lax.broadcast_in_dim(bias, (ROWS, bn), (1,))
+        out_s[...] = out.astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(out_s, o_g.at[pl.ds(i * ROWS, ROWS), pl.ds(j * bn, bn)])
+        plgpu.wait_smem_to_gmem(0)
+
+    bias_dtype = b_g.dtype if has_bias else dtype
+    pl.run_scoped(scoped, plgpu.SMEM((4,), jnp.int32), plgpu.SMEM((bn,), bias_dtype),
+                  plgpu.SMEM((ROWS, bn), dtype, transforms=_swizzled(bn, dtype)), plgpu.Barrier(num_barriers=2))
+
+
+def grid(m_pad: int, n: int, bn: int) -> tuple[int, int]:
+    return m_pad // ROWS, n // bn
+
+
+def run(x2, g, w, bias, *, segments, eps, interpret=False, layer=None):
     """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] with layer an int32
     scalar), bias [N] or None -> [M, N] in x2.dtype."""
     m, k = x2.shape
-    s, n = segments, w.shape[-1]
-    ks = k // s
-    bm, bn, bk, num_warps, num_stages = blocks or block_sizes(
-        m, n, ks, jnp.dtype(x2.dtype).itemsize)
-    precision = jax.lax.Precision.HIGHEST if x2.dtype == jnp.float32 else None
+    n = w.shape[-1]
+    ks = k // segments
+    check_shapes(x2.dtype, w.dtype, n, ks)
+    m_pad = pl.cdiv(m, ROWS) * ROWS
+    bn = block_cols(m, n)
     stacked = layer is not None
-    args = [jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1),
-            x2, g.reshape(k), w]
+    layer4 = jnp.full((4,), 0 if layer is None else layer, jnp.int32)
+    x_pad = x2 if m_pad == m else jnp.pad(x2, ((0, m_pad - m), (0, 0)))
+    args = [layer4, x_pad, g.reshape(k).astype(x2.dtype), w]
     if bias is not None:
         args.append(bias)
-    aliases = {}
-    if poison is not None:
-        aliases = {len(args): 0}
-        args.append(jnp.full((m, n), poison, x2.dtype))
-    kernel = functools.partial(
-        _kernel, m=m, n=n, ks=ks, segments=s, bm=bm, bn=bn, bk=bk,
-        eps=eps, precision=precision, has_bias=bias is not None, has_init=poison is not None, stacked=stacked)
-    x_item = jnp.dtype(x2.dtype).itemsize
-    cost = pl.CostEstimate(
-        flops=2 * m * k * n, transcendentals=m * s,
-        bytes_accessed=x2.size * x_item + k * n * jnp.dtype(w.dtype).itemsize
-        + m * n * x_item)
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((m, n), x2.dtype),
-        grid=(pl.cdiv(n, bn), pl.cdiv(m, bm)),
-        input_output_aliases=aliases,
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        cost_estimate=cost,
-        interpret=bool(interpret),
-        name="fused_norm_matmul_gpu",
-    )(*args)
+    kernel = functools.partial(_kernel, segments=segments, ks=ks, bn=bn, eps=eps, has_bias=bias is not None,
+                               stacked=stacked, interpret=bool(interpret))
+    call = plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((m_pad, n), x2.dtype),
+        grid=grid(m_pad, n, bn), grid_names=("m", "n"),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret_params() if interpret else None)
+    y = call(*args)
+    return y if m_pad == m else y[:m]

@@ -114,7 +114,9 @@ def _segment_major(x2, s, ks, m_pad):
 
 def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=None):
     """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] with layer an int32
-    scalar), bias [N] or None -> [M, N] in x2.dtype."""
+    scalar), bias [N] or None -> [M, N] in x2.dtype. `interpret`: False
+    (compiled), True (under `pltpu.InterpretParams`) or "hlo" (Pallas's
+    generic interpreter)."""
     m, k = x2.shape
     s, n = segments, w.shape[-1]
     ks = k // s
@@ -169,7 +171,7 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=No
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=vmem_limit),
         cost_estimate=cost,
-        interpret=pltpu.InterpretParams() if interpret else False,
+        interpret=True if interpret == "hlo" else pltpu.InterpretParams() if interpret else False,
         name="fused_norm_matmul_tpu",
     )(layer, *args)
     return out[:m] if m_pad != m else out

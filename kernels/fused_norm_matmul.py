@@ -11,12 +11,17 @@ Implementations (``impl``):
   CPU). It normalises in f32, casts back to x.dtype, multiplies by gamma (like
   HF RMSNorm) and runs one dot with f32 accumulation. Differentiated by JAX.
 * ``"pallas"``: a Pallas kernel compiled for the current backend: Mosaic on
-  TPU (`_fnm_tpu`), Triton on GPU (`_fnm_gpu`). CPU cannot compile Pallas, so
-  asking for it there raises ValueError.
-* ``"interpret"``: the same Pallas kernel bodies run by the Pallas interpreter
-  (on CPU, for tests). ``target="gpu"`` (the default off TPU) runs the Triton
-  body with ``interpret=True``; ``target="tpu"`` runs the Mosaic body under
-  ``pltpu.InterpretParams`` (TPU semantics simulated on CPU).
+  TPU (`_fnm_tpu`), Mosaic GPU on GPU (`_fnm_gpu`: Hopper wgmma; bfloat16 /
+  float16, N and the segment length multiples of 64). CPU cannot compile
+  Pallas, so asking for it there raises ValueError.
+* ``"interpret"``: the same Pallas kernel bodies run by the Pallas
+  interpreters (on CPU, for tests): ``target="gpu"`` runs the Mosaic GPU
+  body under the GPU interpreter, ``target="tpu"`` the Mosaic body under
+  ``pltpu.InterpretParams``. The default is the backend's body, and on CPU
+  the TPU's (the backend where ``auto`` is Pallas; it takes every shape).
+  Under a multi-device context mesh the TPU body runs under Pallas's generic
+  HLO interpreter instead: the TPU simulator's per-device bookkeeping
+  deadlocks in the in-process collectives of simulated CPU devices.
 * ``"native"``: the C++ CPU kernels (`eagle_jax.kernels.cpu`), which run on
   weights packed once by `cpu.pack_weight` (`PackedWeight`): the norm is the
   XLA reference's, the matmul streams the packed weight once for all rows.
@@ -24,11 +29,11 @@ Implementations (``impl``):
   weight under ``"native"`` takes the XLA path (packing per call would cost
   more than it saves). Decoding packs its weights when `resolve_impl` says
   ``"native"`` (`eagle_jax.models.target.prepare_for_decoding`).
-* ``"auto"``: ``pallas`` on TPU; ``xla`` on GPU, until the Triton kernel is
-  measured faster than XLA there (none has been: no GPU has been lent, and
-  the Triton lowering is deprecated in jax 0.11; `benchmarks/device_check.py`
-  times both); on CPU ``native`` when the C++ library builds and loads here,
-  else ``xla``. `auto_impl(backend)` is that rule.
+* ``"auto"``: ``pallas`` on TPU; ``xla`` on GPU, until the Mosaic GPU kernel
+  is measured faster than XLA there (none has been: no GPU has been lent;
+  `benchmarks/device_check.py` times both); on CPU ``native`` when the C++
+  library builds and loads here, else ``xla``. `auto_impl(backend)` is that
+  rule.
 
 The environment variable ``EAGLE_JAX_KERNEL_IMPL`` (one of the impl names)
 overrides ``impl`` for every call.
@@ -67,7 +72,7 @@ TARGETS = ("gpu", "tpu")
 ENV_VAR = "EAGLE_JAX_KERNEL_IMPL"
 _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
-# Tests set this to a float (e.g. nan): the Pallas launchers then hand the
+# Tests set this to a float (e.g. nan): the TPU launcher then hands the
 # kernel an output buffer pre-filled with it (aliased to the output), so any
 # element the kernel fails to write keeps the poison value.
 _POISON_OUTPUT: float | None = None
@@ -218,7 +223,7 @@ def _check_norm_weights(norm_weights, k, segments):
 
 def auto_impl(backend: str) -> str:
     """What ``impl="auto"`` runs on `backend` (a `jax.default_backend()` name):
-    Pallas (Mosaic) on TPU; XLA on GPU until the Triton kernel is measured
+    Pallas (Mosaic) on TPU; XLA on GPU until the Mosaic GPU kernel is measured
     faster there; on CPU the native kernels when they load, else XLA."""
     if backend == "tpu":
         return "pallas"
@@ -264,7 +269,7 @@ def _resolve_target(impl: str, target):
             raise ValueError(f"target={target!r} cannot be compiled on the {here!r} backend; "
                              f"use impl='interpret' to run that kernel body")
         return here
-    return target or here or "gpu"
+    return target or here or "tpu"  # off an accelerator: the body `auto` runs on TPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +277,7 @@ class _Config:
     eps: float
     segments: int
     target: str
-    interpret: bool
+    interpret: bool | str  # False (compiled), True (the body's simulator) or "hlo" (`fused_norm_matmul`)
 
 
 def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None,
@@ -345,7 +350,8 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return jnp.zeros((*lead, n), out_dtype or x.dtype)
-    cfg = _Config(eps=eps, segments=segments, target=target, interpret=impl == "interpret")
+    interpret = impl == "interpret" and ("hlo" if target == "tpu" and _multi_device_mesh() else True)
+    cfg = _Config(eps=eps, segments=segments, target=target, interpret=interpret)
     y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis)
     return y.reshape(*lead, n).astype(out_dtype or x.dtype)
 
@@ -400,9 +406,11 @@ def _pallas_forward(cfg: _Config, x2, g, w, bias, layer):
     layer) as given (never copied), bias [N] or None -> [M, N]."""
     from eagle_jax.kernels import _fnm_gpu, _fnm_tpu
 
-    body = _fnm_tpu if cfg.target == "tpu" else _fnm_gpu
-    return body.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
-                    poison=_POISON_OUTPUT, layer=layer)
+    if cfg.target == "gpu":  # the GPU interpreter already fills unwritten memory with NaN
+        return _fnm_gpu.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
+                            layer=layer)
+    return _fnm_tpu.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
+                        poison=_POISON_OUTPUT, layer=layer)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -1,5 +1,5 @@
 """What impl="auto" resolves to per backend (issue 20): Pallas on TPU, XLA on GPU
-until the Triton kernel is measured faster there, native or XLA on CPU."""
+until the Mosaic GPU kernel is measured faster there, native or XLA on CPU."""
 
 import jax
 import pytest
