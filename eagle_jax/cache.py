@@ -133,6 +133,13 @@ def write_slots(lengths: jax.Array, t: int) -> jax.Array:
     return lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
 
 
+def written_mask(lengths: jax.Array, max_len: int, new_mask: jax.Array) -> jax.Array:
+    """[B, t, max_len]: new_mask [B, t, t] over the slots `write` puts the t new
+    tokens in (query i sees slot lengths + j where new_mask[i, j])."""
+    at = jnp.arange(max_len, dtype=jnp.int32)[None, None] == write_slots(lengths, new_mask.shape[-1])[:, :, None]
+    return jnp.any(new_mask[:, :, :, None] & at[:, None], axis=2)
+
+
 def committed_mask(lengths: jax.Array, max_len: int, t: int) -> jax.Array:
     """[B, t, max_len]: every query of a forward sees exactly the committed slots."""
     visible = jnp.arange(max_len, dtype=jnp.int32)[None] < lengths[:, None]

@@ -29,3 +29,29 @@ def test_scanned_layers_greedy_equivalence(impl, spec):
     out = gen.generate(prompts, max_new_tokens=14)
     assert out.token_ids == plain.token_ids
     assert out.stats["accepted_tokens"] > 0  # the tiny vocabulary makes random drafts hit
+
+
+@pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
+def test_scanned_loop_copies_no_cache(spec):
+    """At the accelerator defaults the compiled decoding loop updates both KV caches
+    in place: no `copy` of a buffer as large as the drafter's cache (the tree's
+    scratch K/V live in that cache) or the target's. Compiled by XLA:CPU, whose
+    copy insertion is the pass GPU and TPU compilers share."""
+    import math
+    import re
+
+    from eagle_jax.spec import loop
+
+    tcfg, tparams = tiny_target(vocab=8)
+    d = tiny_drafter(tcfg, "eagle3.1", draft_vocab=6)
+    gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="xla", unroll_layers=False)
+    _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, (0.0, 0, 1.0), 0, True, ())
+    state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
+    hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
+    b, s = state.tcache.k.shape[1], state.tcache.k.shape[3]
+    smallest = b * s * d[0].num_kv_heads * d[0].head_dim  # one drafter layer's K (or V)
+    copies = [line.strip()[:160] for line in hlo.splitlines() if " copy(" in line
+              and any(math.prod(int(n) for n in dims.split(",")) >= smallest
+                      for dims in re.findall(r"\[([\d,]+)\]", line.split("=", 1)[1].split("copy(")[0]))]
+    assert not copies, copies[:2]
+    assert " while(" in hlo  # the decoding loop was compiled, so its body was searched
