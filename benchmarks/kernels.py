@@ -94,7 +94,8 @@ def main(argv=None):
     p.add_argument("--models", default=None,
                    help="comma list of smollm2,llama (default: both; smollm2 only on CPU)")
     p.add_argument("--m", default="1,4,8,16,64", help="comma list of row counts M")
-    p.add_argument("--dtype", default=None, help="bfloat16 (default on GPU/TPU) or float32 (default on CPU)")
+    p.add_argument("--dtype", default=None, help="bfloat16 (default on GPU/TPU) or float32 (default on CPU; "
+                   "not on a GPU, whose kernel takes 16-bit dtypes)")
     p.add_argument("--repeats", type=int, default=None, help="samples per timing (median)")
     p.add_argument("--inner", type=int, default=None, help="back-to-back calls per sample")
     args = p.parse_args(argv)
@@ -110,6 +111,9 @@ def main(argv=None):
             p.error(f"unknown model {m!r}; choose from {sorted(SHAPES)}")
     ms = [int(v) for v in args.m.split(",")]
     dtype = jnp.dtype(args.dtype or ("float32" if on_cpu else "bfloat16"))
+    if backend in ("gpu", "cuda", "rocm") and dtype == jnp.float32:
+        p.error("on a GPU the Pallas kernel takes bfloat16 or float16 (wgmma has no IEEE float32 path); "
+                "use --dtype bfloat16")
     repeats = args.repeats or (5 if on_cpu else 30)
     inner = args.inner or (1 if on_cpu else 10)
 

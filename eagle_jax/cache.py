@@ -1,9 +1,10 @@
 """KV cache with a static maximum length and per-row lengths.
 
 Slots `[0, lengths[b])` of row b hold committed tokens. A model forward over
-T new tokens attends to the cache (read-only) plus the new tokens, then
-`write`s their K/V at slots `lengths[b] + t` (writes past the end are
-dropped) without advancing `lengths`; the caller commits what it accepted
+T new tokens `write`s their K/V at slots `lengths[b] + t` (writes past the end
+are dropped) without advancing `lengths`, attending to the cache plus the new
+tokens (the target reads the cache before its write, the drafter's XLA path
+after it, through `written_mask`); the caller commits what it accepted
 (`commit`) or first moves an accepted tree path into contiguous slots
 (`compact`). Rows of a batch therefore advance independently.
 
@@ -135,9 +136,12 @@ def write_slots(lengths: jax.Array, t: int) -> jax.Array:
 
 def written_mask(lengths: jax.Array, max_len: int, new_mask: jax.Array) -> jax.Array:
     """[B, t, max_len]: new_mask [B, t, t] over the slots `write` puts the t new
-    tokens in (query i sees slot lengths + j where new_mask[i, j])."""
-    at = jnp.arange(max_len, dtype=jnp.int32)[None, None] == write_slots(lengths, new_mask.shape[-1])[:, :, None]
-    return jnp.any(new_mask[:, :, :, None] & at[:, None], axis=2)
+    tokens in: query i sees slot lengths + j where new_mask[i, j] (a slot past
+    the end holds nothing: its write was dropped)."""
+    t = new_mask.shape[-1]
+    j = jnp.arange(max_len, dtype=jnp.int32)[None] - lengths[:, None]  # [B, S]: which new token, if any
+    idx = jnp.broadcast_to(jnp.clip(j, 0, t - 1)[:, None, :], new_mask.shape[:2] + (max_len,))
+    return jnp.take_along_axis(new_mask, idx, axis=2) & ((j >= 0) & (j < t))[:, None, :]
 
 
 def committed_mask(lengths: jax.Array, max_len: int, t: int) -> jax.Array:

@@ -18,7 +18,7 @@ shared memory (four int32: TMA moves at least 16 bytes) and the pipeline
 streams `w.at[layer]`.
 
 What `wgmma` and the swizzled layouts allow, and so what this kernel takes:
-x and W of one dtype, bfloat16 or float16 (wgmma has no IEEE float32 path:
+a Hopper GPU (H100, H200: compute capability 9.x); x and W of one dtype, bfloat16 or float16 (wgmma has no IEEE float32 path:
 float32 operands would run as TF32); N and the segment length multiples of
 64. Anything else is a one-line ValueError naming the shape; the XLA path
 (`impl="xla"`) takes every shape and dtype.
@@ -71,6 +71,16 @@ def _swizzled(cols: int, dtype):
     item = jnp.dtype(dtype).itemsize
     swizzle = plgpu.find_swizzle(cols * item * 8)
     return plgpu.TilingTransform((8, swizzle // item)), plgpu.SwizzleTransform(swizzle)
+
+
+def check_device() -> None:
+    """One-line ValueError unless the default device is a Hopper GPU (compute
+    capability 9.x): `wgmma` exists nowhere else (not on Ampere, not on Blackwell)."""
+    dev = jax.devices()[0]
+    cc = getattr(dev, "compute_capability", None)
+    if cc is not None and not str(cc).startswith("9."):
+        raise ValueError(f"the Mosaic GPU kernel needs a Hopper GPU (wgmma, compute capability 9.x), but "
+                         f"{dev.device_kind} has {cc}; use impl='xla'")
 
 
 def interpret_params():
@@ -150,6 +160,8 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, layer=None):
     n = w.shape[-1]
     ks = k // segments
     check_shapes(x2.dtype, w.dtype, n, ks)
+    if not interpret:
+        check_device()
     m_pad = pl.cdiv(m, ROWS) * ROWS
     bn = block_cols(m, n)
     stacked = layer is not None

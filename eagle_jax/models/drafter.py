@@ -171,8 +171,10 @@ class Drafter(nnx.Module):
         tokens [B, T] int32 (target ids: the token *after* each position), hidden
         [B, T, H], positions [B, T]. `mask` [B, T, T] among the new tokens (causal
         when None); `slot_mask` [B, T, S] over the cache slots written before this
-        call (default: the committed ones). `embed` [V, H] is the target's
-        embedding, required when the checkpoint has none.
+        call (default: the committed ones; it must not cover the T slots this call
+        writes, from `cache.lengths` on: `mask` decides what of those each query
+        sees). `embed` [V, H] is the target's embedding, required when the
+        checkpoint has none.
         With `cfg.sliding_window` both masks also drop keys at or before
         position - window (a cache slot's position is its index).
         Returns (h [B, T, H], the layer's output before the final norm, and the

@@ -109,3 +109,15 @@ def test_bench_suite_device_reaches_the_check():
     cli.add_arguments(parser)
     with pytest.raises(SystemExit, match="the backend is CPU"):
         cli.main(parser.parse_args(["--suite", "device"]))
+
+
+def test_gpu_settings_leave_out_what_the_mosaic_gpu_kernel_refuses(monkeypatch):
+    """On a GPU: bfloat16 kernel rows only, no Pallas loop on the 8-token equivalence target,
+    and no Pallas loop at all in float32 (the kernel takes 16-bit dtypes)."""
+    monkeypatch.setattr(dc.jax, "default_backend", lambda: "gpu")
+    s = dc.make_settings(False)
+    assert s.kernel_dtypes == ("bfloat16",) and s.loop_impls == ("xla", "pallas") and s.eq_impls == ("xla",)
+    assert dc.make_settings(False, dtype="float32").loop_impls == ("xla",)
+    monkeypatch.setattr(dc.jax, "default_backend", lambda: "tpu")
+    s = dc.make_settings(False)
+    assert s.kernel_dtypes == ("float32", "bfloat16") and s.eq_impls == s.loop_impls == ("xla", "pallas")

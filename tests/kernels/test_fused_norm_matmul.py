@@ -356,3 +356,14 @@ def test_pallas_on_cpu_raises():
     x, g, w, b = _ok()
     with pytest.raises(ValueError, match="impl='pallas' needs a GPU or TPU"):
         fused_norm_matmul(x, g, w, eps=EPS, impl="pallas")
+
+
+def test_gpu_kernel_needs_hopper(monkeypatch):
+    """wgmma is Hopper's: on another GPU the compiled kernel is refused in one line."""
+    class Ampere:
+        device_kind, compute_capability = "NVIDIA A100-SXM4-80GB", "8.0"
+
+    x, g, w, _ = _inputs(("hopper",), (), 2, 576, 192, 1, "bfloat16", False)
+    monkeypatch.setattr(fnm_gpu.jax, "devices", lambda *a: [Ampere()])
+    with pytest.raises(ValueError, match=r"needs a Hopper GPU .* A100-SXM4-80GB has 8.0; use impl='xla'"):
+        fnm_gpu.run(x, g, w, None, segments=1, eps=EPS)
