@@ -350,11 +350,12 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return jnp.zeros((*lead, n), out_dtype or x.dtype)
-    interpret = impl == "interpret" and ("hlo" if target == "tpu" and _multi_device_mesh() else True)
-    if interpret is True and target == "gpu" and _multi_device_mesh():
+    on_mesh = _multi_device_mesh() is not None
+    if impl == "interpret" and target == "gpu" and on_mesh:
         raise ValueError("the Mosaic GPU interpreter is not run under a multi-device mesh (the TPU simulator, "
                          "built the same way, deadlocks in the simulated devices' collectives); use "
                          "target='tpu' or impl='xla'")
+    interpret = impl == "interpret" and ("hlo" if on_mesh else True)
     cfg = _Config(eps=eps, segments=segments, target=target, interpret=interpret)
     y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis)
     return y.reshape(*lead, n).astype(out_dtype or x.dtype)
