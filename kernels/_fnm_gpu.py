@@ -93,7 +93,7 @@ def interpret_params():
 
 def _kernel(layer_g, x_g, g_g, w_g, *refs, segments, ks, bn, eps, has_bias, stacked, interpret):
     b_g, o_g = refs if has_bias else (None, refs[0])
-    dtype = x_g.dtype
+    dtype, out_dtype = x_g.dtype, o_g.dtype
     steps = ks // K_TILE
     i = jax.lax.axis_index("m")
     j = jax.lax.axis_index("n")
@@ -139,23 +139,25 @@ def _kernel(layer_g, x_g, g_g, w_g, *refs, segments, ks, bn, eps, has_bias, stac
             plgpu.barrier_wait(barriers.at[1])
             bias = cast(bias_s[...], _WGMMA.reduce(0)).astype(jnp.float32)
             out = out + jax.lax.broadcast_in_dim(bias, (ROWS, bn), (1,))
-        out_s[...] = out.astype(dtype)
+        out_s[...] = out.astype(out_dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(out_s, o_g.at[pl.ds(i * ROWS, ROWS), pl.ds(j * bn, bn)])
         plgpu.wait_smem_to_gmem(0)
 
     bias_dtype = b_g.dtype if has_bias else dtype
     pl.run_scoped(scoped, plgpu.SMEM((4,), jnp.int32), plgpu.SMEM((bn,), bias_dtype),
-                  plgpu.SMEM((ROWS, bn), dtype, transforms=_swizzled(bn, dtype)), plgpu.Barrier(num_barriers=2))
+                  plgpu.SMEM((ROWS, bn), out_dtype, transforms=_swizzled(bn, out_dtype)),
+                  plgpu.Barrier(num_barriers=2))
 
 
 def grid(m_pad: int, n: int, bn: int) -> tuple[int, int]:
     return m_pad // ROWS, n // bn
 
 
-def run(x2, g, w, bias, *, segments, eps, interpret=False, layer=None):
+def run(x2, g, w, bias, *, segments, eps, interpret=False, layer=None, out_dtype=None):
     """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] with layer an int32
-    scalar), bias [N] or None -> [M, N] in x2.dtype."""
+    scalar), bias [N] or None -> [M, N] in out_dtype (default x2.dtype: the f32
+    accumulator is rounded once, in the kernel; float32 leaves it unrounded)."""
     m, k = x2.shape
     n = w.shape[-1]
     ks = k // segments
@@ -173,7 +175,7 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, layer=None):
     kernel = functools.partial(_kernel, segments=segments, ks=ks, bn=bn, eps=eps, has_bias=bias is not None,
                                stacked=stacked, interpret=bool(interpret))
     call = plgpu.kernel(
-        kernel, out_type=jax.ShapeDtypeStruct((m_pad, n), x2.dtype),
+        kernel, out_type=jax.ShapeDtypeStruct((m_pad, n), x2.dtype if out_dtype is None else out_dtype),
         grid=grid(m_pad, n, bn), grid_names=("m", "n"),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret_params() if interpret else None)

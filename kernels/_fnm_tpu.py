@@ -112,15 +112,17 @@ def _segment_major(x2, s, ks, m_pad):
     return jnp.pad(x3, ((0, 0), (0, m_pad - m), (0, 0))) if m_pad != m else x3
 
 
-def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=None):
+def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=None, out_dtype=None):
     """x2 [M, K], g [K] or [S, K/S], w [K, N] (or [L, K, N] with layer an int32
-    scalar), bias [N] or None -> [M, N] in x2.dtype. `interpret`: False
+    scalar), bias [N] or None -> [M, N] in out_dtype (default x2.dtype: the f32
+    accumulator is rounded once, in the kernel). `interpret`: False
     (compiled), True (under `pltpu.InterpretParams`) or "hlo" (Pallas's
     generic interpreter)."""
     m, k = x2.shape
     s, n = segments, w.shape[-1]
     ks = k // s
-    x_item, w_item = jnp.dtype(x2.dtype).itemsize, jnp.dtype(w.dtype).itemsize
+    out_dtype = jnp.dtype(x2.dtype if out_dtype is None else out_dtype)
+    x_item, w_item, o_item = jnp.dtype(x2.dtype).itemsize, jnp.dtype(w.dtype).itemsize, out_dtype.itemsize
     bm, bk, bn = block_sizes(m, k, n, s, x_item, w_item)
     m_pad = _round_up(m, bm)
     tiles_per_seg = ks // bk
@@ -144,12 +146,12 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=No
     aliases = {}
     if poison is not None:
         aliases = {1 + len(args): 0}  # operand 0 is the layer
-        args.append(jnp.full((m_pad, n), poison, x2.dtype))
+        args.append(jnp.full((m_pad, n), poison, out_dtype))
         in_specs.append(out_spec)
 
     scratch = [pltpu.VMEM((bm, bn), jnp.float32) for _ in range(3 if multi_seg else 2)]
     vmem_need = (2 * (bm * bk * x_item + 8 * bk * 4 + bk * bn * w_item + 8 * bn * 4)
-                 + 2 * bm * bn * x_item + len(scratch) * bm * bn * 4)
+                 + 2 * bm * bn * o_item + len(scratch) * bm * bn * 4)
     vmem_limit = int(min(max(2 * vmem_need, 32 * 2**20), 48 * 2**20))
 
     kernel = functools.partial(
@@ -158,13 +160,13 @@ def run(x2, g, w, bias, *, segments, eps, interpret=False, poison=None, layer=No
         multi_seg=multi_seg)
     cost = pl.CostEstimate(
         flops=2 * m_pad * k * n, transcendentals=m_pad * n * s,
-        bytes_accessed=m_pad * k * x_item + k * n * w_item + m_pad * n * x_item)
+        bytes_accessed=m_pad * k * x_item + k * n * w_item + m_pad * n * o_item)
     grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=in_specs,
                                              out_specs=out_spec, scratch_shapes=scratch)
     layer = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
     out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((m_pad, n), x2.dtype),
+        out_shape=jax.ShapeDtypeStruct((m_pad, n), out_dtype),
         grid_spec=grid_spec,
         input_output_aliases=aliases,
         compiler_params=pltpu.CompilerParams(

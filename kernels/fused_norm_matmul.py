@@ -278,6 +278,7 @@ class _Config:
     segments: int
     target: str
     interpret: bool | str  # False (compiled), True (the body's simulator) or "hlo" (`fused_norm_matmul`)
+    out_dtype: jnp.dtype  # the kernel's output: the f32 accumulator rounded once, or kept (logits)
 
 
 def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None,
@@ -356,9 +357,10 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
                          "built the same way, deadlocks in the simulated devices' collectives); use "
                          "target='tpu' or impl='xla'")
     interpret = impl == "interpret" and ("hlo" if on_mesh else True)
-    cfg = _Config(eps=eps, segments=segments, target=target, interpret=interpret)
+    cfg = _Config(eps=eps, segments=segments, target=target, interpret=interpret,
+                  out_dtype=jnp.dtype(out_dtype or x.dtype))
     y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis)
-    return y.reshape(*lead, n).astype(out_dtype or x.dtype)
+    return y.reshape(*lead, n)
 
 
 def _multi_device_mesh():
@@ -403,7 +405,8 @@ def _on_mesh(apply, x2, g, w, bias, layer, column_axis):
 def _math_reference(cfg: _Config, x2, g, w, bias, layer):
     """What the kernel computes, in plain jnp (the backward pass)."""
     w = w if layer is None else w[layer]
-    return rms_norm_matmul_reference(x2, g, w, eps=cfg.eps, segments=cfg.segments, bias=bias)
+    return rms_norm_matmul_reference(x2, g, w, eps=cfg.eps, segments=cfg.segments, bias=bias,
+                                     out_dtype=cfg.out_dtype)
 
 
 def _pallas_forward(cfg: _Config, x2, g, w, bias, layer):
@@ -413,9 +416,9 @@ def _pallas_forward(cfg: _Config, x2, g, w, bias, layer):
 
     if cfg.target == "gpu":  # the GPU interpreter already fills unwritten memory with NaN
         return _fnm_gpu.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
-                            layer=layer)
+                            layer=layer, out_dtype=cfg.out_dtype)
     return _fnm_tpu.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
-                        poison=_POISON_OUTPUT, layer=layer)
+                        poison=_POISON_OUTPUT, layer=layer, out_dtype=cfg.out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

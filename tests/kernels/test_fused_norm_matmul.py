@@ -273,6 +273,23 @@ def test_gpu_kernel_refuses_what_it_cannot_tile(dt, n, k, s, match):
 # --------------------------------------------------------------------------
 
 # SmolLM2 qkv and lm_head (both column widths of the GPU kernel), the EAGLE fc, Llama 3.1 8B's
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_float32_out_is_the_unrounded_accumulator(target):
+    """out_dtype=float32 (the logits) leaves the f32 accumulator of a bf16 product
+    unrounded: most entries fall between bf16 values, and the result is closer
+    to the float64 reference than its own bf16 rounding."""
+    x, g, w, b = _inputs(("f32-out", target), (), 5, 576, 192, 1, "bfloat16", True)
+    y = jax.jit(lambda x, g, w, b: fused_norm_matmul(x, g, w, eps=EPS, bias=b, impl="interpret",
+                                                     target=target, out_dtype=jnp.float32))(x, g, w, b)
+    assert y.dtype == jnp.float32
+    ref = _ref64(x, g, w, 1, b)
+    y64 = np.asarray(y, np.float64)
+    rounded = np.asarray(y.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    assert np.mean(y64 != rounded) > 0.9
+    assert np.abs(y64 - ref).mean() < np.abs(rounded - ref).mean()
+    _check(y, ref, "bfloat16", x_dtype="float32")
+
+
 # lm_head and 70B's fc; TPU also an N that tiles nothing evenly.
 LOWER_SHAPES = [(1, 576, 960, 1), (64, 576, 49152, 1), (16, 1728, 576, 3),
                 (8, 4096, 128256, 1), (4, 12288, 4096, 3)]
@@ -284,16 +301,23 @@ LOWER = {"tpu": (LOWER_SHAPES + [(67, 4096, 1000, 1)], (("bfloat16", True), ("fl
 def test_lowers_for_accelerators(platform):
     mod = fnm_tpu if platform == "tpu" else fnm_gpu
     shapes, dtypes = LOWER[platform]
+    # TPU: Mosaic's custom call; CUDA: Mosaic GPU's, its module down to the tensor-core wgmma
+    wanted = ("tpu_custom_call",) if platform == "tpu" else ("mosaic_gpu", "wgmma.mma_async")
+
+    def lower(m, k, n, s, dt, bias, out_dtype=None):
+        sd = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dt))
+        f = lambda x, g, w, b: mod.run(x, g, w, b, segments=s, eps=EPS, out_dtype=out_dtype)
+        lowered = jax.jit(f).trace(sd(m, k), sd(k), sd(k, n), sd(n) if bias else None).lower(
+            lowering_platforms=(platform,))
+        assert all(w in lowered.as_text() for w in wanted), (m, k, n, s, dt)
+        return lowered
+
     for (m, k, n, s) in shapes:
         for dt, bias in dtypes:
-            def f(x, g, w, b):
-                return mod.run(x, g, w, b, segments=s, eps=EPS)
-            sd = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.dtype(dt))
-            args = (sd(m, k), sd(k), sd(k, n), sd(n) if bias else None)
-            text = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
-            # TPU: Mosaic's custom call; CUDA: Mosaic GPU's, its module down to the tensor-core wgmma
-            wanted = ("tpu_custom_call",) if platform == "tpu" else ("mosaic_gpu", "wgmma.mma_async")
-            assert all(w in text for w in wanted), (m, k, n, s, dt)
+            lower(m, k, n, s, dt, bias)
+    # the logits: a bf16 product stored as float32 (the SmolLM2 and Llama 8B lm_heads)
+    for (m, k, n, s) in (LOWER_SHAPES[1], LOWER_SHAPES[3]):
+        assert lower(m, k, n, s, "bfloat16", False, jnp.float32).out_info.dtype == jnp.float32
 
 
 # --------------------------------------------------------------------------
