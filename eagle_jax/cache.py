@@ -2,9 +2,9 @@
 
 Slots `[0, lengths[b])` of row b hold committed tokens. A model forward over
 T new tokens `write`s their K/V at slots `lengths[b] + t` (writes past the end
-are dropped) without advancing `lengths`, attending to the cache plus the new
-tokens (the target reads the cache before its write, the drafter's XLA path
-after it, through `written_mask`); the caller commits what it accepted
+are dropped) without advancing `lengths`, and attends over the written cache
+(the XLA path through `written_mask`; the native kernel writes and attends in
+one call); the caller commits what it accepted
 (`commit`) or first moves an accepted tree path into contiguous slots
 (`compact`). Rows of a batch therefore advance independently.
 
@@ -42,14 +42,15 @@ class KVCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
-    def write(self, k_new: jax.Array, v_new: jax.Array, *, impl: str = "auto") -> "KVCache":
-        """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t.
+    def write(self, k_new: jax.Array, v_new: jax.Array, *, layer=0, impl: str = "auto") -> "KVCache":
+        """Store k_new/v_new [L', B, T, Hkv, D] at slots lengths[b] + t of layers
+        layer .. layer + L' - 1 (`layer`: int or int32 scalar, traced or not).
 
         With the native CPU kernels (`impl`) the slots are copied in place
         (differentiated as the XLA write); otherwise an XLA scatter (which
         XLA:CPU runs in f32 for bf16 caches)."""
         write = _native_write if resolve_impl(impl) == "native" else _scatter_write
-        k, v = write(self.k, self.v, self.lengths, k_new, v_new)
+        k, v = write(self.k, self.v, self.lengths, jnp.asarray(layer, jnp.int32), k_new, v_new)
         return self.replace(k=k, v=v)
 
     def head_rows(self, n: int, *, impl: str = "auto") -> "KVCache":
@@ -98,32 +99,34 @@ class KVCache:
         return self.replace(k=move(self.k), v=move(self.v)).commit(n)
 
 
-def _scatter_write(k, v, lengths, k_new, v_new):
-    """KVCache.write as an XLA scatter: k/v [L, B, Hkv, S, D], new [L, B, T, Hkv, D]."""
-    slots = write_slots(lengths, k_new.shape[2])[:, None, :]  # [B, 1, T]
-    rows = jnp.arange(k.shape[1])[:, None, None]
-    heads = jnp.arange(k.shape[2])[None, :, None]
+def _scatter_write(k, v, lengths, layer, k_new, v_new):
+    """KVCache.write as an XLA scatter: k/v [L, B, Hkv, S, D], new [L', B, T, Hkv, D] into
+    layers layer .. layer + L' - 1."""
+    slots = write_slots(lengths, k_new.shape[2])[None, :, None, :]  # [1, B, 1, T]
+    layers = (layer + jnp.arange(k_new.shape[0], dtype=jnp.int32))[:, None, None, None]
+    rows = jnp.arange(k_new.shape[1])[None, :, None, None]
+    heads = jnp.arange(k.shape[2])[None, None, :, None]
 
-    def put(buf, new):  # new -> [L, B, Hkv, T, D]
-        return buf.at[:, rows, heads, slots].set(new.transpose(0, 1, 3, 2, 4).astype(buf.dtype), mode="drop")
+    def put(buf, new):  # new -> [L', B, Hkv, T, D]
+        return buf.at[layers, rows, heads, slots].set(new.transpose(0, 1, 3, 2, 4).astype(buf.dtype), mode="drop")
 
     return put(k, k_new), put(v, v_new)
 
 
 @jax.custom_vjp
-def _native_write(k, v, lengths, k_new, v_new):
-    return cpu.cache_write(k, v, lengths, k_new, v_new)
+def _native_write(k, v, lengths, layer, k_new, v_new):
+    return cpu.cache_write(k, v, lengths, k_new, v_new, layer)
 
 
-def _native_write_fwd(k, v, lengths, k_new, v_new):
-    return cpu.cache_write(k, v, lengths, k_new, v_new), (k, v, lengths, k_new, v_new)
+def _native_write_fwd(k, v, lengths, layer, k_new, v_new):
+    return cpu.cache_write(k, v, lengths, k_new, v_new, layer), (k, v, lengths, layer, k_new, v_new)
 
 
 def _native_write_bwd(res, g):
-    k, v, lengths, k_new, v_new = res
-    _, vjp = jax.vjp(lambda k, v, kn, vn: _scatter_write(k, v, lengths, kn, vn), k, v, k_new, v_new)
+    k, v, lengths, layer, k_new, v_new = res
+    _, vjp = jax.vjp(lambda k, v, kn, vn: _scatter_write(k, v, lengths, layer, kn, vn), k, v, k_new, v_new)
     dk, dv, dkn, dvn = vjp(g)
-    return dk, dv, None, dkn, dvn
+    return dk, dv, None, None, dkn, dvn
 
 
 _native_write.defvjp(_native_write_fwd, _native_write_bwd)

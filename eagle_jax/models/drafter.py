@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from eagle_jax.cache import KVCache, causal_mask, committed_mask, written_mask
+from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import (embed_tokens, native_attention, param_values, rotated_heads, set_params,
-                                     swiglu_mlp)
-from eagle_jax.nn import attention, rms_norm, rope_tables
+from eagle_jax.models.layers import (attend_after_write, embed_tokens, native_attention, param_values,
+                                     rotated_heads, set_params, swiglu_mlp)
+from eagle_jax.nn import rms_norm, rope_tables
 from eagle_jax.sharding import RULES
 
 # Each parameter's logical axes by leaf name (docs/PARAMS.md layout): the model's own, and
@@ -205,13 +205,9 @@ class Drafter(nnx.Module):
                                                       num_heads=cfg.num_heads,
                                                       slot_mask=None if committed_only else slot_mask)
                 return out.astype(qkv.dtype).reshape(b, t, -1), cache.replace(k=k_cache, v=v_cache)
-            # Write first, then attend over the written cache: the reads follow the one
-            # write, so XLA updates the cache in place (reading the old cache beside a
-            # write into it made XLA copy the whole cache, at every draft level).
             q, k, v = rotated_heads(cfg, qkv, cos, sin)
-            written = cache.write(k[None], v[None], impl=impl)
-            visible = slot_mask | written_mask(cache.lengths, cache.max_len, new_mask)
-            return attention(q, written.k[0], written.v[0], visible).reshape(b, t, -1), written
+            out, written = attend_after_write(q, k, v, cache, 0, slot_mask, new_mask, impl=impl)
+            return out.reshape(b, t, -1), written
 
         return self.layer_forward(tokens, hidden, positions, attend, embed=embed, impl=impl)
 

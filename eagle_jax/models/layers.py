@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from eagle_jax.cache import KVCache, written_mask
 from eagle_jax.kernels import cpu, matmul, norm_swiglu, resolve_impl
-from eagle_jax.nn import apply_rope, rms_norm
+from eagle_jax.nn import apply_rope, attention, rms_norm
 
 
 def set_params(module: nnx.Module, weights: dict, axes: dict[str, tuple[str, ...]], drop: int = 0) -> None:
@@ -43,6 +44,22 @@ def native_attention(impl: str, t: int, cfg) -> bool:
     sizes and q|k|v in groups (`fused_groups`) attend through XLA."""
     return (resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and cfg.head_dim in (64, 128)
             and cfg.fused_groups == 1)
+
+
+def attend_after_write(q, k, v, cache: KVCache, layer, slot_mask, new_mask, *, impl: str = "auto"):
+    """The XLA attention of T new tokens, K/V written first: q [B,T,Hq,D], k/v
+    [B,T,Hkv,D] -> (out [B,T,Hq,D], cache with k/v at slots lengths + t of
+    `layer`). Each query sees the slots of `slot_mask` [B,T,S] (written before
+    this call) and, of the T it writes, those `new_mask` [B,T,T] allows.
+
+    Writing first keeps the cache in place: every read of the layer follows the
+    one write into it. Reading the old cache beside a write into the same
+    buffer leaves the two unordered, and XLA then copies the whole cache
+    (each draft level of the drafter; twice a step each of the target's K and V
+    when its layers are unrolled)."""
+    written = cache.write(k[None], v[None], layer=layer, impl=impl)
+    visible = slot_mask | written_mask(cache.lengths, cache.max_len, new_mask)
+    return attention(q, written.k[layer], written.v[layer], visible), written
 
 
 def split_heads(qkv: jax.Array, num_heads: int, num_kv_heads: int, head_dim: int, groups: int = 1):

@@ -20,9 +20,9 @@ from flax import nnx
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import LayerWeight, cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import (embed_tokens, native_attention, param_values, rotated_heads, set_params,
-                                     swiglu_mlp)
-from eagle_jax.nn import attention, rope_tables
+from eagle_jax.models.layers import (attend_after_write, embed_tokens, native_attention, param_values,
+                                     rotated_heads, set_params, swiglu_mlp)
+from eagle_jax.nn import rope_tables
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "w_gate_up", "w_down")  # per-layer projections, [K, N]
 
@@ -116,34 +116,33 @@ class TargetLayer(nnx.Module):
                 else jax.tree.map(lambda a: a[i], x) for name, x in values.items()}
 
     def __call__(self, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
-        """Layer i: h [B,T,H] -> (h, k [B,T,Hkv,D] rotated or None, v, cache)."""
+        """Layer i: h [B,T,H] -> (h, cache with the layer's new K/V written)."""
         p = self.weights(i)
         qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
                                 bias=p.get("bqkv"), impl=impl)
-        attn, k, v, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native)
+        attn, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native, impl)
         h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
         h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps,
                        groups=cfg.fused_groups, impl=impl)
-        return h, k, v, cache
+        return h, cache
 
 
-def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, native: bool):
-    """Layer i's attention over the committed cache slots plus the new keys.
-
-    qkv [B,T,(Hq+2Hkv)*D] -> (out [B,T,Hq,D], k and v [B,T,Hkv,D] rotated or
-    None, cache). The native kernel rotates q/k itself, reads the live slots
-    straight from the whole cache and stores this layer's new K/V in place
-    (then k, v are None); the XLA path returns k, v for one cache `write`
-    after the last layer."""
+def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, native: bool, impl):
+    """Layer i's attention over the committed cache slots plus the new keys,
+    which it stores at slots lengths + t: qkv [B,T,(Hq+2Hkv)*D] -> (out
+    [B,T,Hq,D], cache). The native kernel rotates q/k itself, reads the live
+    slots straight from the whole cache and stores the new K/V in place; the
+    XLA path writes them first and attends over the written cache
+    (`attend_after_write`)."""
     if native:
         qk_norm = (p["q_norm"], p["k_norm"]) if "q_norm" in p else None
         out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, i, cache.lengths, new_mask,
                                               num_heads=cfg.num_heads, qk_norm=qk_norm, eps=cfg.rms_norm_eps)
-        return out.astype(qkv.dtype), None, None, cache.replace(k=k_cache, v=v_cache)
+        return out.astype(qkv.dtype), cache.replace(k=k_cache, v=v_cache)
     q, k, v = rotated_heads(cfg, qkv, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"),
                             eps=cfg.rms_norm_eps)
     cache_mask = committed_mask(cache.lengths, cache.max_len, q.shape[1])
-    return attention(q, cache.k[i], cache.v[i], cache_mask, k, v, new_mask), k, v, cache
+    return attend_after_write(q, k, v, cache, i, cache_mask, new_mask, impl=impl)
 
 
 class Target(nnx.Module):
@@ -189,13 +188,10 @@ class Target(nnx.Module):
         native = native_attention(impl, t, cfg)
 
         if isinstance(self.layers, nnx.List):
-            entering, ks, vs = [], [], []  # entering[i]: the residual stream into layer i
+            entering = []  # entering[i]: the residual stream into layer i
             for i, layer in enumerate(self.layers):
                 entering.append(h)
-                h, k, v, cache = layer(cfg, h, cos, sin, cache, i, new_mask, native, impl)
-                ks.append(k)
-                vs.append(v)
-            k_new, v_new = (None, None) if native else (jnp.stack(ks), jnp.stack(vs))
+                h, cache = layer(cfg, h, cos, sin, cache, i, new_mask, native, impl)
             aux = [entering[i] for i in aux_layers]
         else:
             aux_ids = jnp.asarray(aux_layers if aux_layers else (-1,), jnp.int32)
@@ -204,14 +200,12 @@ class Target(nnx.Module):
             def layer_body(carry, i):
                 h, aux, cache = carry
                 aux = jnp.where((aux_ids == i)[:, None, None, None], h[None], aux)
-                h, k, v, cache = self.layers(cfg, h, cos, sin, cache, i, new_mask, native, impl)
-                return (h, aux, cache), (k, v)
+                h, cache = self.layers(cfg, h, cos, sin, cache, i, new_mask, native, impl)
+                return (h, aux, cache), None
 
             layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-            (h, aux, cache), (k_new, v_new) = jax.lax.scan(layer_body, (h, aux0, cache), layer_ids)
+            (h, aux, cache), _ = jax.lax.scan(layer_body, (h, aux0, cache), layer_ids)
             aux = list(aux)
-        if not native:
-            cache = cache.write(k_new, v_new, impl=impl)
         if not aux_layers:
             return h, cache, None
         return h, cache, jnp.concatenate(aux, axis=-1)

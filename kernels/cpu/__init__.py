@@ -418,14 +418,16 @@ def attention(qkv, cos, sin, k_cache, v_cache, layer, lengths, new_mask, *, num_
 # ---------------------------------------------------------------------------
 
 
-def cache_write(k_cache, v_cache, lengths, k_new, v_new):
-    """Store k_new/v_new [L, B, T, Hkv, D] at slots lengths[b] + t of the
-    [L, Bc, Hkv, S, D] caches (rows b < B <= Bc; past the end: dropped).
-    Returns (k, v), updated in place when the caches are donated."""
+def cache_write(k_cache, v_cache, lengths, k_new, v_new, layer=0):
+    """Store k_new/v_new [L', B, T, Hkv, D] at slots lengths[b] + t of layers
+    layer .. layer + L' - 1 (int or int32 scalar) of the [L, Bc, Hkv, S, D]
+    caches (rows b < B <= Bc; past the end: dropped). Returns (k, v), updated
+    in place when the caches are donated."""
     require()
     shape = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
     return jax.ffi.ffi_call("eagle_cache_write", (shape, shape), input_output_aliases={0: 0, 1: 1})(
-        k_cache, v_cache, lengths.astype(jnp.int32), k_new.astype(k_cache.dtype), v_new.astype(v_cache.dtype))
+        k_cache, v_cache, lengths.astype(jnp.int32), jnp.asarray(layer, jnp.int32).reshape(1),
+        k_new.astype(k_cache.dtype), v_new.astype(v_cache.dtype))
 
 
 def cache_compact(k_cache, v_cache, lengths, src, n):

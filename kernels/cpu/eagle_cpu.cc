@@ -1326,33 +1326,36 @@ ffi::Error check_cache(const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, CacheGe
 
 
 // k_new/v_new [L, B, T, Hkv, D] in the cache dtype go to slots lengths[b] + t (past the end: dropped).
-ffi::Error CacheWriteImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths, ffi::AnyBuffer k_new,
-                          ffi::AnyBuffer v_new, ffi::Result<ffi::AnyBuffer> k_out,
-                          ffi::Result<ffi::AnyBuffer> v_out) {
+// New K/V [L', B, T, Hkv, D] into layers first .. first + L' - 1 of the cache.
+ffi::Error CacheWriteImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths,
+                          ffi::Buffer<ffi::S32> first_layer, ffi::AnyBuffer k_new, ffi::AnyBuffer v_new,
+                          ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out) {
   CacheGeom g;
   if (auto e = check_cache(k, v, &g); e.failure()) return e;
   auto nd = k_new.dimensions();
-  if (nd.size() != 5 || nd[0] != g.L || nd[1] > g.B || nd[3] != g.H || nd[4] != g.D ||
+  const int64_t first = first_layer.element_count() == 1 ? first_layer.typed_data()[0] : -1;
+  if (nd.size() != 5 || first < 0 || first + nd[0] > g.L || nd[1] > g.B || nd[3] != g.H || nd[4] != g.D ||
       k_new.element_type() != k.element_type() || lengths.element_count() != size_t(nd[1]))
     return ffi::Error::InvalidArgument(
-        "eagle_cache_write: new K/V must be [L, B, T, Hkv, D] in the cache dtype, B <= the cache's rows, lengths [B]");
+        "eagle_cache_write: new K/V must be [L', B, T, Hkv, D] in the cache dtype for layers first .. first + L' - 1 "
+        "of the cache, B <= the cache's rows, lengths [B]");
   adopt(k, k_out);
   adopt(v, v_out);
-  const int64_t T = nd[2], B = nd[1];
+  const int64_t T = nd[2], B = nd[1], L = nd[0];
   const size_t row = g.D * g.elem;
   auto* kd = static_cast<char*>(k_out->untyped_data());
   auto* vd = static_cast<char*>(v_out->untyped_data());
   auto* kn = static_cast<const char*>(k_new.untyped_data());
   auto* vn = static_cast<const char*>(v_new.untyped_data());
-  for (int64_t l = 0; l < g.L; ++l)
+  for (int64_t l = 0; l < L; ++l)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) {
         const int64_t slot = int64_t(lengths.typed_data()[b]) + t;
         if (slot < 0 || slot >= g.S) continue;
         for (int64_t h = 0; h < g.H; ++h) {
           const size_t src = ((((l * B + b) * T + t) * g.H + h) * g.D) * g.elem;
-          std::memcpy(kd + g.slot(l, b, h, slot), kn + src, row);
-          std::memcpy(vd + g.slot(l, b, h, slot), vn + src, row);
+          std::memcpy(kd + g.slot(first + l, b, h, slot), kn + src, row);
+          std::memcpy(vd + g.slot(first + l, b, h, slot), vn + src, row);
         }
       }
   return ffi::Error::Success();
@@ -1673,6 +1676,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EagleCacheWrite, CacheWriteImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -20,9 +20,8 @@ import pytest
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import RopeConfig
 from eagle_jax.kernels import cpu, fused_norm_matmul, resolve_impl
-from eagle_jax.models.layers import rotate_qk, split_heads
+from eagle_jax.models.layers import attend_after_write, rotate_qk, split_heads
 from eagle_jax.nn import rope_tables
-from eagle_jax.nn.attention import attention as xla_attention
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"native kernels: {cpu.unavailable_reason()}")
 
@@ -223,13 +222,27 @@ def _native_attention(a, layer, slot_mask=None, **over):
                slot_mask)
 
 
+def _xla_attention(q, k, v, a, layer, slot_mask=None):
+    """The models' XLA attention (`attend_after_write`) in float32 over layer `layer`
+    of the inputs' cache, given T more slots so that no new key is dropped."""
+    f32 = lambda x: x.astype(jnp.float32)
+    t = q.shape[1]
+    grow = lambda c: jnp.pad(f32(c[layer])[None], ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))
+    cache = KVCache(grow(a["k_cache"]), grow(a["v_cache"]), a["lengths"])
+    if slot_mask is None:
+        slot_mask = committed_mask(a["lengths"], cache.max_len, t)
+    else:
+        slot_mask = jnp.pad(slot_mask, ((0, 0), (0, 0), (0, t)))
+    return attend_after_write(f32(q), f32(k), f32(v), cache, 0, slot_mask, a["new_mask"], impl="xla")[0]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("t,d,lengths,qk_norm", [(1, 64, (7, 33), False), (5, 64, (0, 48), True),
                                                  (12, 128, (40, 3), False), (3, 64, (46, 47), True),
                                                  (200, 64, (0, 37), True)])  # a prefill chunk
 def test_attention_against_xla(dtype, t, d, lengths, qk_norm):
     """Split, (Qwen3 q/k norms,) RoPE and attention in one call against the model's
-    XLA path: layers.split_heads + rotate_qk + nn/attention.py."""
+    XLA path: layers.split_heads + rotate_qk + attend_after_write."""
     a = _attention_inputs(np.random.default_rng(t + d), dtype, t=t, d=d, lengths=lengths, qk_norm=qk_norm,
                           s=48 if t <= 12 else max(lengths) + t)
     out, k2, v2 = _native_attention(a, 1)
@@ -237,9 +250,7 @@ def test_attention_against_xla(dtype, t, d, lengths, qk_norm):
     norms = a["qk_norm"] or (None, None)
     q, k = rotate_qk(q, k, a["cos"], a["sin"], q_norm=norms[0], k_norm=norms[1], eps=1e-6)
     f32 = lambda x: x.astype(jnp.float32)
-    s = a["k_cache"].shape[3]
-    ref = xla_attention(f32(q), f32(a["k_cache"][1]), f32(a["v_cache"][1]),
-                        committed_mask(a["lengths"], s, t), f32(k), f32(v), a["new_mask"])
+    ref = _xla_attention(q, k, v, a, 1)
     tol = 2e-6 if dtype == "float32" else 1e-2  # bf16: the output is rounded to bf16
     np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
     # The rotated K and the V went to slots lengths[b] + t of layer 1 (past the end: dropped);
@@ -265,8 +276,7 @@ def test_attention_over_long_contexts_against_xla(dtype, t, lengths):
     q, k, v = split_heads(a["qkv"], a["num_heads"], a["k_cache"].shape[2], 64)
     q, k = rotate_qk(q, k, a["cos"], a["sin"])
     f32 = lambda x: x.astype(jnp.float32)
-    ref = xla_attention(f32(q), f32(a["k_cache"][1]), f32(a["v_cache"][1]),
-                        committed_mask(a["lengths"], a["k_cache"].shape[3], t), f32(k), f32(v), a["new_mask"])
+    ref = _xla_attention(q, k, v, a, 1)
     tol = 2e-6 if dtype == "float32" else 1e-2
     np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
 
@@ -280,12 +290,13 @@ def test_attention_with_a_slot_mask_against_xla(dtype):
     s = a["k_cache"].shape[3]
     slot_mask = jnp.asarray(rng.random((2, 4, s)) < 0.4).at[:, :, 30:].set(False).at[0, 2, 29].set(True)
     slot_mask = slot_mask.at[1].set(False)  # a row that sees no cache slot at all
+    written = jnp.arange(s)[None] - a["lengths"][:, None]  # the slots this call writes: not in a slot mask
+    slot_mask = slot_mask & ~((written >= 0) & (written < 4))[:, None, :]
     out, _, _ = _native_attention(a, 2, slot_mask=slot_mask)
     q, k, v = split_heads(a["qkv"], a["num_heads"], a["k_cache"].shape[2], 64)
     q, k = rotate_qk(q, k, a["cos"], a["sin"])
     f32 = lambda x: x.astype(jnp.float32)
-    ref = xla_attention(f32(q), f32(a["k_cache"][2]), f32(a["v_cache"][2]), slot_mask, f32(k), f32(v),
-                        a["new_mask"])
+    ref = _xla_attention(q, k, v, a, 2, slot_mask)
     tol = 2e-6 if dtype == "float32" else 1e-2
     np.testing.assert_allclose(np.asarray(f32(out)), np.asarray(ref), atol=tol, rtol=tol)
 
@@ -317,6 +328,12 @@ def test_cache_write_and_compact_equal_the_xla_scatter(dtype):
     a, b = cache.write(k_new, v_new, impl="native"), cache.write(k_new, v_new, impl="xla")
     np.testing.assert_array_equal(np.asarray(a.k), np.asarray(b.k))
     np.testing.assert_array_equal(np.asarray(a.v), np.asarray(b.v))
+    # one layer's K/V into layer 1 (a traced index): that layer changes as the write of both, layer 0 not
+    for impl in ("native", "xla"):
+        one = jax.jit(lambda c, i: c.write(k_new[1:], v_new[1:], layer=i, impl=impl))(cache, jnp.int32(1))
+        np.testing.assert_array_equal(np.asarray(one.k[1]), np.asarray(b.k[1]))
+        np.testing.assert_array_equal(np.asarray(one.v[1]), np.asarray(b.v[1]))
+        np.testing.assert_array_equal(np.asarray(one.k[0]), np.asarray(cache.k[0]))
     src = jnp.asarray([[0, 2, 3, 0], [0, 1, 1, 2]], jnp.int32)
     n = jnp.asarray([3, 2], jnp.int32)
     a, b = a.compact(src, n, impl="native"), b.compact(src, n, impl="xla")

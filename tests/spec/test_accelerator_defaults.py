@@ -31,12 +31,16 @@ def test_scanned_layers_greedy_equivalence(impl, spec):
     assert out.stats["accepted_tokens"] > 0  # the tiny vocabulary makes random drafts hit
 
 
+@pytest.mark.parametrize("unroll", [False, True], ids=["scanned", "unrolled"])
 @pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
-def test_scanned_loop_copies_no_cache(spec):
-    """At the accelerator defaults the compiled decoding loop updates both KV caches
-    in place: no `copy` of a buffer as large as the drafter's cache (the tree's
-    scratch K/V live in that cache) or the target's. Compiled by XLA:CPU, whose
-    copy insertion is the pass GPU and TPU compilers share."""
+def test_loop_copies_no_cache(spec, unroll):
+    """With the XLA kernels the compiled decoding loop updates both KV caches in
+    place: no `copy` of a buffer as large as the drafter's cache (the tree's
+    scratch K/V live in that cache) or the target's; with scanned layers (the
+    accelerator defaults) and unrolled ones (CPU without the native kernels,
+    where reading the layers' old K/V beside one write of all of them after the
+    last layer made XLA copy the target's K and V twice a step). Compiled by
+    XLA:CPU, whose copy insertion is the pass GPU and TPU compilers share."""
     import math
     import re
 
@@ -44,7 +48,7 @@ def test_scanned_loop_copies_no_cache(spec):
 
     tcfg, tparams = tiny_target(vocab=8)
     d = tiny_drafter(tcfg, "eagle3.1", draft_vocab=6)
-    gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="xla", unroll_layers=False)
+    gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="xla", unroll_layers=unroll)
     _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, (0.0, 0, 1.0), 0, True, ())
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
