@@ -316,7 +316,8 @@ def run(args) -> dict:
 
     # where the decode time goes
     steps_s = (r2.timings["decode_s"]) / max(r2.num_generated - 1, 1)
-    prof = decode_step_profile(gen, ids, cache_len=64 * ((len(ids[0]) + n + 2 + 63) // 64))
+    # the profiled step sits 64 tokens past the prompt: its slot must be inside the cache
+    prof = decode_step_profile(gen, ids, cache_len=64 * ((len(ids[0]) + max(n, 65) + 2 + 63) // 64))
     bw = memory_bandwidth_gbs()
     best_bw = max(bw["numpy_copy_gbs"], bw["xla_add_gbs"])
     prof.update(bw)

@@ -101,14 +101,21 @@ class KVCache:
 
 def _scatter_write(k, v, lengths, layer, k_new, v_new):
     """KVCache.write as an XLA scatter: k/v [L, B, Hkv, S, D], new [L', B, T, Hkv, D] into
-    layers layer .. layer + L' - 1."""
+    layers layer .. layer + L' - 1. A 16-bit cache is scattered as its bits (uint16):
+    XLA:CPU runs a bf16 scatter by converting the whole cache to f32 and back, which
+    the models' one write per layer would do L times a forward."""
     slots = write_slots(lengths, k_new.shape[2])[None, :, None, :]  # [1, B, 1, T]
     layers = (layer + jnp.arange(k_new.shape[0], dtype=jnp.int32))[:, None, None, None]
     rows = jnp.arange(k_new.shape[1])[None, :, None, None]
     heads = jnp.arange(k.shape[2])[None, None, :, None]
 
     def put(buf, new):  # new -> [L', B, Hkv, T, D]
-        return buf.at[layers, rows, heads, slots].set(new.transpose(0, 1, 3, 2, 4).astype(buf.dtype), mode="drop")
+        new = new.transpose(0, 1, 3, 2, 4).astype(buf.dtype)
+        if buf.dtype.itemsize != 2:
+            return buf.at[layers, rows, heads, slots].set(new, mode="drop")
+        bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16)
+        out = bits(buf).at[layers, rows, heads, slots].set(bits(new), mode="drop")
+        return jax.lax.bitcast_convert_type(out, buf.dtype)
 
     return put(k, k_new), put(v, v_new)
 

@@ -3,7 +3,8 @@
 Shapes: x [..., K]; norm_weights [K] (one norm, or the per-segment norms laid
 end to end) or [S, K//S] (one norm per segment of the feature axis); w [K, N]
 (or `LayerWeight`: layer l of a stacked [L, K, N] weight, which the Pallas
-kernels read in place); bias [N] or None. Accumulation in float32; the result has x's dtype.
+kernels read in place); bias [N] or None. Accumulation in float32; the result has
+`out_dtype` (default x's dtype), rounded once (the Pallas kernels store it so).
 
 Implementations (``impl``):
 

@@ -4,6 +4,10 @@
         [--m 1,4,9,16] [--context 256] [--rounds 12] [--inner 8]
 
 (e.g. `git show HEAD~1:kernels/cpu/eagle_cpu.cc > /tmp/old.cc` against the working copy.)
+Both versions are called through the working copy's wrappers, so both must take
+their operands: a source from before `eagle_cache_write` took a first layer
+(6f3385c) fails any forward that writes through it (prefill-length M, or a
+head size the native attention does not take).
 Both sources are compiled with the package's own flags and registered with
 XLA under suffixed target names; each (version, M) gets its own jitted loop of
 `--inner` target forwards over M new tokens per row at `--context` committed

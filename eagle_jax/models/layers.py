@@ -52,6 +52,10 @@ def attend_after_write(q, k, v, cache: KVCache, layer, slot_mask, new_mask, *, i
     `layer`). Each query sees the slots of `slot_mask` [B,T,S] (written before
     this call) and, of the T it writes, those `new_mask` [B,T,T] allows.
 
+    A new key whose slot is past the cache end is dropped with its write and
+    seen by no query (the native kernel still attends it); the engines size
+    their caches so that it does not happen.
+
     Writing first keeps the cache in place: every read of the layer follows the
     one write into it. Reading the old cache beside a write into the same
     buffer leaves the two unordered, and XLA then copies the whole cache

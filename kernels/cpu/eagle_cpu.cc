@@ -1325,8 +1325,8 @@ ffi::Error check_cache(const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, CacheGe
 }
 
 
-// k_new/v_new [L, B, T, Hkv, D] in the cache dtype go to slots lengths[b] + t (past the end: dropped).
-// New K/V [L', B, T, Hkv, D] into layers first .. first + L' - 1 of the cache.
+// k_new/v_new [L', B, T, Hkv, D] in the cache dtype go to slots lengths[b] + t (past the end: dropped)
+// of layers first .. first + L' - 1 of the cache.
 ffi::Error CacheWriteImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths,
                           ffi::Buffer<ffi::S32> first_layer, ffi::AnyBuffer k_new, ffi::AnyBuffer v_new,
                           ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out) {

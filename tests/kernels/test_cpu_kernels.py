@@ -334,6 +334,16 @@ def test_cache_write_and_compact_equal_the_xla_scatter(dtype):
         np.testing.assert_array_equal(np.asarray(one.k[1]), np.asarray(b.k[1]))
         np.testing.assert_array_equal(np.asarray(one.v[1]), np.asarray(b.v[1]))
         np.testing.assert_array_equal(np.asarray(one.k[0]), np.asarray(cache.k[0]))
+        np.testing.assert_array_equal(np.asarray(one.v[0]), np.asarray(cache.v[0]))
+    # the native write's gradient (a traced first layer) is the XLA scatter's
+    def loss(k, kn, i, impl):
+        written = cache.replace(k=k).write(kn, v_new[1:], layer=i, impl=impl)
+        return jnp.sum(written.k.astype(jnp.float32) ** 2)
+
+    grads = [jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=3)(cache.k, k_new[1:], jnp.int32(1), impl)
+             for impl in ("native", "xla")]
+    for a_leaf, b_leaf in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        np.testing.assert_array_equal(np.asarray(a_leaf), np.asarray(b_leaf))
     src = jnp.asarray([[0, 2, 3, 0], [0, 1, 1, 2]], jnp.int32)
     n = jnp.asarray([3, 2], jnp.int32)
     a, b = a.compact(src, n, impl="native"), b.compact(src, n, impl="xla")

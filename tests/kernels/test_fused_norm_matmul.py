@@ -151,24 +151,44 @@ def test_tpu_blocks(monkeypatch):
     assert fnm_tpu.block_sizes(1, 4096, 200, 1, 2, 2)[1:] == (128, 200)  # 32 K steps
 
 
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_float32_out_is_the_unrounded_accumulator(target):
+    """out_dtype=float32 (the logits) leaves the f32 accumulator of a bf16 product
+    unrounded: most entries fall between bf16 values, and the result is closer
+    to the float64 reference than its own bf16 rounding."""
+    x, g, w, b = _inputs(("f32-out", target), (), 5, 576, 192, 1, "bfloat16", True)
+    y = jax.jit(lambda x, g, w, b: fused_norm_matmul(x, g, w, eps=EPS, bias=b, impl="interpret",
+                                                     target=target, out_dtype=jnp.float32))(x, g, w, b)
+    assert y.dtype == jnp.float32
+    ref = _ref64(x, g, w, 1, b)
+    y64 = np.asarray(y, np.float64)
+    rounded = np.asarray(y.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    assert np.mean(y64 != rounded) > 0.9
+    assert np.abs(y64 - ref).mean() < np.abs(rounded - ref).mean()
+    _check(y, ref, "bfloat16", x_dtype="float32")
+
+
 # --------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------
 
+# (target, lead, M, K, N, segments, bias, dtype, out_dtype): float32 out is the lm_heads' (logits)
 GRAD_CASES = [
-    ("gpu", (2,), 7, 1728, 128, 3, True, "bfloat16"),
-    ("gpu", (), 5, 576, 192, 1, True, "float16"),
-    ("tpu", (), 3, 1728, 200, 3, True, "float32"),
-    ("tpu", (), 2, 1728, 1000, 3, True, "bfloat16"),
-    ("gpu", (), 16, 1024, 64, 1, False, "bfloat16"),
+    ("gpu", (2,), 7, 1728, 128, 3, True, "bfloat16", None),
+    ("gpu", (), 5, 576, 192, 1, True, "float16", None),
+    ("tpu", (), 3, 1728, 200, 3, True, "float32", None),
+    ("tpu", (), 2, 1728, 1000, 3, True, "bfloat16", None),
+    ("gpu", (), 16, 1024, 64, 1, False, "bfloat16", None),
+    ("gpu", (), 3, 576, 192, 1, False, "bfloat16", "float32"),
+    ("tpu", (), 3, 576, 200, 1, False, "bfloat16", "float32"),
 ]
 
 
-@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c[0] + "-" + _case_id(c[1:]))
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c[0] + "-" + _case_id(c[1:8]) + f"-out-{c[8]}")
 def test_gradients_match_reference(case):
-    target, lead, m, k, n, s, bias, dt = case
+    target, lead, m, k, n, s, bias, dt, out = case
     x, g, w, b = _inputs(("grad", case), lead, m, k, n, s, dt, bias)
-    ct = jnp.asarray(_rng("ct", case).standard_normal((*lead, m, n)), dt)
+    ct = jnp.asarray(_rng("ct", case).standard_normal((*lead, m, n)), out or dt)
     argnums = (0, 1, 2, 3) if bias else (0, 1, 2)
 
     def loss(fn):
@@ -177,9 +197,9 @@ def test_gradients_match_reference(case):
         return jax.jit(jax.grad(f, argnums=argnums))
 
     got = loss(lambda x, g, w, b: fused_norm_matmul(
-        x, g, w, eps=EPS, segments=s, bias=b, impl="interpret", target=target))(x, g, w, b)
+        x, g, w, eps=EPS, segments=s, bias=b, impl="interpret", target=target, out_dtype=out))(x, g, w, b)
     want = loss(lambda x, g, w, b: rms_norm_matmul_reference(
-        x, g, w, eps=EPS, segments=s, bias=b))(x, g, w, b)
+        x, g, w, eps=EPS, segments=s, bias=b, out_dtype=out))(x, g, w, b)
     for name, a, c in zip("x g w b".split(), got, want):
         assert a.shape == c.shape and a.dtype == c.dtype, name
         a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
@@ -273,23 +293,6 @@ def test_gpu_kernel_refuses_what_it_cannot_tile(dt, n, k, s, match):
 # --------------------------------------------------------------------------
 
 # SmolLM2 qkv and lm_head (both column widths of the GPU kernel), the EAGLE fc, Llama 3.1 8B's
-@pytest.mark.parametrize("target", ["gpu", "tpu"])
-def test_float32_out_is_the_unrounded_accumulator(target):
-    """out_dtype=float32 (the logits) leaves the f32 accumulator of a bf16 product
-    unrounded: most entries fall between bf16 values, and the result is closer
-    to the float64 reference than its own bf16 rounding."""
-    x, g, w, b = _inputs(("f32-out", target), (), 5, 576, 192, 1, "bfloat16", True)
-    y = jax.jit(lambda x, g, w, b: fused_norm_matmul(x, g, w, eps=EPS, bias=b, impl="interpret",
-                                                     target=target, out_dtype=jnp.float32))(x, g, w, b)
-    assert y.dtype == jnp.float32
-    ref = _ref64(x, g, w, 1, b)
-    y64 = np.asarray(y, np.float64)
-    rounded = np.asarray(y.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
-    assert np.mean(y64 != rounded) > 0.9
-    assert np.abs(y64 - ref).mean() < np.abs(rounded - ref).mean()
-    _check(y, ref, "bfloat16", x_dtype="float32")
-
-
 # lm_head and 70B's fc; TPU also an N that tiles nothing evenly.
 LOWER_SHAPES = [(1, 576, 960, 1), (64, 576, 49152, 1), (16, 1728, 576, 3),
                 (8, 4096, 128256, 1), (4, 12288, 4096, 3)]
