@@ -14,6 +14,8 @@ batched matmul).
 
 from __future__ import annotations
 
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -46,10 +48,10 @@ class KVCache:
         """Store k_new/v_new [L', B, T, Hkv, D] at slots lengths[b] + t of layers
         layer .. layer + L' - 1 (`layer`: int or int32 scalar, traced or not).
 
-        With the native CPU kernels (`impl`) the slots are copied in place
-        (differentiated as the XLA write); otherwise an XLA scatter (which
-        XLA:CPU runs in f32 for bf16 caches)."""
-        write = _native_write if resolve_impl(impl) == "native" else _scatter_write
+        With the native CPU kernels (`impl`) the slots are copied in place;
+        otherwise an XLA scatter of the values' bits. Both are differentiated as
+        the float scatter."""
+        write = _native_write if resolve_impl(impl) == "native" else _xla_write
         k, v = write(self.k, self.v, self.lengths, jnp.asarray(layer, jnp.int32), k_new, v_new)
         return self.replace(k=k, v=v)
 
@@ -99,11 +101,12 @@ class KVCache:
         return self.replace(k=move(self.k), v=move(self.v)).commit(n)
 
 
-def _scatter_write(k, v, lengths, layer, k_new, v_new):
+def _scatter_write(k, v, lengths, layer, k_new, v_new, *, as_bits=False):
     """KVCache.write as an XLA scatter: k/v [L, B, Hkv, S, D], new [L', B, T, Hkv, D] into
-    layers layer .. layer + L' - 1. A 16-bit cache is scattered as its bits (uint16):
-    XLA:CPU runs a bf16 scatter by converting the whole cache to f32 and back, which
-    the models' one write per layer would do L times a forward."""
+    layers layer .. layer + L' - 1. `as_bits` scatters the values' bits as unsigned
+    integers (no gradient: `_xla_write` adds the float scatter's): XLA:CPU runs a bf16
+    scatter by converting the whole cache to f32 and back, which the models' one
+    write per layer would do L times a forward."""
     slots = write_slots(lengths, k_new.shape[2])[None, :, None, :]  # [1, B, 1, T]
     layers = (layer + jnp.arange(k_new.shape[0], dtype=jnp.int32))[:, None, None, None]
     rows = jnp.arange(k_new.shape[1])[None, :, None, None]
@@ -111,32 +114,32 @@ def _scatter_write(k, v, lengths, layer, k_new, v_new):
 
     def put(buf, new):  # new -> [L', B, Hkv, T, D]
         new = new.transpose(0, 1, 3, 2, 4).astype(buf.dtype)
-        if buf.dtype.itemsize != 2:
+        if not as_bits:
             return buf.at[layers, rows, heads, slots].set(new, mode="drop")
-        bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16)
+        bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.dtype(f"uint{8 * buf.dtype.itemsize}"))
         out = bits(buf).at[layers, rows, heads, slots].set(bits(new), mode="drop")
         return jax.lax.bitcast_convert_type(out, buf.dtype)
 
     return put(k, k_new), put(v, v_new)
 
 
-@jax.custom_vjp
-def _native_write(k, v, lengths, layer, k_new, v_new):
-    return cpu.cache_write(k, v, lengths, k_new, v_new, layer)
+def _with_scatter_gradient(write):
+    """`write(k, v, lengths, layer, k_new, v_new) -> (k, v)`, differentiated as the
+    float XLA scatter (`_scatter_write`)."""
+    def bwd(res, g):
+        k, v, lengths, layer, k_new, v_new = res
+        _, vjp = jax.vjp(lambda k, v, kn, vn: _scatter_write(k, v, lengths, layer, kn, vn), k, v, k_new, v_new)
+        dk, dv, dkn, dvn = vjp(g)
+        return dk, dv, None, None, dkn, dvn
+
+    differentiable = jax.custom_vjp(write)
+    differentiable.defvjp(lambda *args: (write(*args), args), bwd)
+    return differentiable
 
 
-def _native_write_fwd(k, v, lengths, layer, k_new, v_new):
-    return cpu.cache_write(k, v, lengths, k_new, v_new, layer), (k, v, lengths, layer, k_new, v_new)
-
-
-def _native_write_bwd(res, g):
-    k, v, lengths, layer, k_new, v_new = res
-    _, vjp = jax.vjp(lambda k, v, kn, vn: _scatter_write(k, v, lengths, layer, kn, vn), k, v, k_new, v_new)
-    dk, dv, dkn, dvn = vjp(g)
-    return dk, dv, None, None, dkn, dvn
-
-
-_native_write.defvjp(_native_write_fwd, _native_write_bwd)
+_native_write = _with_scatter_gradient(
+    lambda k, v, lengths, layer, k_new, v_new: cpu.cache_write(k, v, lengths, k_new, v_new, layer))
+_xla_write = _with_scatter_gradient(functools.partial(_scatter_write, as_bits=True))
 
 
 def write_slots(lengths: jax.Array, t: int) -> jax.Array:

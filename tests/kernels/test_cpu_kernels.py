@@ -344,6 +344,16 @@ def test_cache_write_and_compact_equal_the_xla_scatter(dtype):
              for impl in ("native", "xla")]
     for a_leaf, b_leaf in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
         np.testing.assert_array_equal(np.asarray(a_leaf), np.asarray(b_leaf))
+    # ... and is what the write does: d/dk_new of sum(c * k) is c at each written slot of layer 1
+    # (0 where the write fell past the end; 16-bit caches too, whose XLA write scatters bits)
+    c = jnp.asarray(rng.standard_normal(shape), dtype)
+    dkn = jax.grad(lambda kn: jnp.sum(cache.write(kn, v_new[1:], layer=1, impl="xla").k * c))(k_new[1:])
+    want = np.zeros(k_new[1:].shape, np.float32)
+    for b_row, length in enumerate(np.asarray(cache.lengths)):
+        for t in range(k_new.shape[2]):
+            if length + t < shape[3]:
+                want[0, b_row, t] = np.asarray(c[1, b_row, :, length + t].astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(dkn.astype(jnp.float32)), want)
     src = jnp.asarray([[0, 2, 3, 0], [0, 1, 1, 2]], jnp.int32)
     n = jnp.asarray([3, 2], jnp.int32)
     a, b = a.compact(src, n, impl="native"), b.compact(src, n, impl="xla")
