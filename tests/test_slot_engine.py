@@ -23,7 +23,8 @@ from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.engine import Delta, EngineError, Sampling
-from eagle_jax.serve.server import add_arguments, make_server
+from eagle_jax.serve.app import make_server
+from eagle_jax.serve.cli import add_arguments
 from eagle_jax.serve.slots import SlotEngine, _depths, _DraftPolicy, fitting_max_len
 from eagle_jax.spec import loop
 

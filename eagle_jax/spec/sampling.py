@@ -17,7 +17,7 @@ likely than it is below p (tied tokens are kept or dropped together). Each
 threshold is found by bisection over that order (exact after 32 halvings; no
 sort of the vocabulary), each halving a pass over the row: vectorised in the
 native CPU kernels, a reduction in XLA (5-9x slower on CPU at the target's
-vocabulary: `python -P -m eagle_jax.benchmarks.filters`). Each search
+vocabulary: `python -m eagle_jax.benchmarks.filters`). Each search
 runs only when some row of the step asks for it.
 
 Randomness is per row: the decode state holds one PRNG key per row

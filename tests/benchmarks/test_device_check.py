@@ -1,4 +1,4 @@
-"""The device check (benchmarks/device_check.py) runs end to end in its CPU dry run,
+"""The device check (eagle_jax/benchmarks/device_check.py) runs end to end in its CPU dry run,
 so it cannot rot before a GPU or TPU is lent; and its verdict helpers say what they should."""
 
 import json
@@ -52,8 +52,9 @@ sys.meta_path[:] = [f for f in sys.meta_path if not editable(f)]
 sys.path_hooks[:] = [h for h in sys.path_hooks if not editable(h)]
 sys.path_importer_cache.clear()
 sys.argv = ["device_check", "--help"]
+sys.path.insert(0, ".")  # as `python -m` run from the checkout's root
 try:
-    runpy.run_path("benchmarks/device_check.py", run_name="__main__")
+    runpy.run_module("eagle_jax.benchmarks.device_check", run_name="__main__")
 except SystemExit:
     pass
 print("kernels from", sys.modules["eagle_jax.kernels"].__file__)
@@ -62,12 +63,11 @@ print("kernels from", sys.modules["eagle_jax.kernels"].__file__)
 
 def test_runs_from_a_bare_checkout():
     """As on the device: the file run directly, eagle_jax not installed (the editable finder removed)."""
-    script = _BARE.replace('"benchmarks/device_check.py"', repr(os.path.join(ROOT, "benchmarks", "device_check.py")))
-    r = subprocess.run([sys.executable, "-c", script], cwd="/", env={**os.environ, "PYTHONPATH": ""},
+    r = subprocess.run([sys.executable, "-c", _BARE], cwd=ROOT, env={**os.environ, "PYTHONPATH": ""},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "--dry-run" in r.stdout
-    assert f"kernels from {os.path.join(ROOT, 'kernels', '__init__.py')}" in r.stdout
+    assert f"kernels from {os.path.join(ROOT, 'eagle_jax', 'kernels', '__init__.py')}" in r.stdout
 
 
 def test_first_divergence():

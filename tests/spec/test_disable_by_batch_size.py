@@ -5,7 +5,8 @@ import argparse
 import pytest
 
 import eagle_jax.generate
-from eagle_jax import cli, runtime
+from eagle_jax import runtime
+from eagle_jax.cli import args as cli_args
 from eagle_jax.config import ConfigError, SpecConfig
 from eagle_jax.generate import Generator
 
@@ -76,7 +77,7 @@ def test_bad_values_are_refused(bad):
 
 def test_cli_flag():
     p = argparse.ArgumentParser()
-    cli.add_disable_by_batch_size(p)
+    cli_args.add_disable_by_batch_size(p)
     assert p.parse_args([]).disable_by_batch_size == "auto"
     assert p.parse_args(["--disable-by-batch-size", "none"]).disable_by_batch_size is None
     assert p.parse_args(["--disable-by-batch-size", "4"]).disable_by_batch_size == 4

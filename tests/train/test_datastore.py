@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from eagle_jax.train import datastore
-from eagle_jax.train.cli import read_conversations
+from eagle_jax.train.datastore import read_conversations
 from eagle_jax.train.regenerate import regenerate
 
 

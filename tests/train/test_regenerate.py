@@ -9,7 +9,7 @@ import pytest
 
 from eagle_jax.generate import Generator
 from eagle_jax.train import data
-from eagle_jax.train.cli import read_conversations
+from eagle_jax.train.datastore import read_conversations
 from eagle_jax.train.regenerate import later_turns, read_done, regenerate
 
 torch = pytest.importorskip("torch")

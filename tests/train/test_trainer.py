@@ -361,18 +361,18 @@ if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "child":
 
 
 def test_read_conversations_concatenates_sources(tmp_path):
-    from eagle_jax.train import cli
+    from eagle_jax.train import datastore
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     a.write_text("".join(json.dumps({"id": f"a{i}", "messages": msgs}) + "\n" for i in range(3)))
     b.write_text(json.dumps({"id": "b0", "conversations": [{"from": "human", "value": "q"},
                                                           {"from": "gpt", "value": "r"}]}) + "\n")
-    got = cli.read_conversations(f"{a}, {b},{a}", limit=2)
+    got = datastore.read_conversations(f"{a}, {b},{a}", limit=2)
     assert [c["id"] for c in got] == ["a0", "a1", "b0", "a0", "a1"]
     assert got[2]["messages"][1] == {"role": "assistant", "content": "r"}
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        cli.read_conversations(f"{a},{tmp_path / 'missing.jsonl'}", None)
+        datastore.read_conversations(f"{a},{tmp_path / 'missing.jsonl'}", None)
 
 
 def test_init_from_starts_at_the_exported_drafter(setup, tmp_path):

@@ -1,0 +1,408 @@
+"""The HTTP layer of `eagle-jax serve` (serve/cli.py has the endpoints and the command line).
+
+FastAPI (Starlette) on uvicorn; it talks to the engine only through
+serve/engine.py's interface (submit / events / cancel / load / check / info).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import random
+import socket
+import threading
+import time
+import uuid
+
+import h11
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from eagle_jax.serve import protocol as P
+from eagle_jax.serve.engine import Delta, Done, EngineError, Sampling
+from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from eagle_jax.serve.config import Limits, bind
+from eagle_jax.serve.protocol import ApiError
+from eagle_jax.serve.slots import SlotEngine
+
+__all__ = ["create_app", "Server", "make_server"]
+
+log = logging.getLogger("eagle_jax.serve")
+
+
+# ---------------------------------------------------------------------------- the app
+
+
+def create_app(engine, *, model_name: str, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving `engine` (serve/engine.py's interface) as `model_name`."""
+    app = FastAPI(title="eagle-jax", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = Metrics(model_name, engine.load)
+    api = _Api(engine, model_name, limits, metrics)
+    created = int(time.time())
+
+    async def refused(_, e: ApiError):
+        return _error(e)
+
+    async def no_route(r: Request, e: StarletteHTTPException):
+        what = "no route" if e.status_code == 404 else str(e.detail).lower()
+        return _error(ApiError(e.status_code, f"{what}: {r.method} {r.url.path}"))
+
+    app.add_exception_handler(ApiError, refused)
+    app.add_exception_handler(StarletteHTTPException, no_route)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, **engine.info()}
+
+    @app.get("/metrics")
+    async def metrics_text():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_auth(api_key))])
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "eagle-jax",
+            "max_model_len": engine.context_limit}
+
+    @v1.get("/models")
+    async def models():
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        api.check_model(model_id)
+        return card
+
+    @v1.post("/completions")
+    async def completions(request: Request):
+        return await api.handle(request, "completion")
+
+    @v1.post("/chat/completions")
+    async def chat(request: Request):
+        return await api.handle(request, "chat")
+
+    app.include_router(v1)
+    return app
+
+
+def _error(e: ApiError) -> JSONResponse:
+    headers = {"connection": "close"} if e.status in (408, 413) else None  # the body may still be coming
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def _auth(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+    return check
+
+
+class _Api:
+    """The two POST endpoints: read, check, tokenize, submit, answer."""
+
+    def __init__(self, engine, model_name: str, limits: Limits, metrics: Metrics):
+        self.engine, self.model, self.limits, self.metrics = engine, model_name, limits, metrics
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model:
+            raise ApiError(404, f"the model {name!r} does not exist: this server serves {self.model!r}",
+                           param="model", code="model_not_found")
+
+    async def handle(self, request: Request, kind: str):
+        body = P.parse_json(await _read_body(request, self.limits))
+        req = P.validated(P.ChatBody if kind == "chat" else P.CompletionBody, body)
+        self.check_model(req.model)
+        sampling = self._sampling(req)
+        prompts = await asyncio.to_thread(self._encode, kind, req)
+        if req.stream and len(prompts) != 1:
+            raise ApiError(400, "stream takes a single prompt", param="prompt")
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        try:
+            reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}), stream=req.stream)
+                    for i, ids in enumerate(prompts)]
+        except EngineError as e:  # e.g. shutting down
+            raise ApiError(503, str(e)) from None
+        reply = _Reply(rid, kind, self.model, self.metrics)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _EventStream(reply.events(reqs[0], include_usage), reqs[0], reply)
+        return await reply.whole(reqs, request)
+
+    def _sampling(self, req) -> dict:
+        m = getattr(req, "max_completion_tokens", None) or req.max_tokens or self.limits.default_max_tokens
+        if m > self.limits.max_tokens:
+            raise ApiError(400, f"max_tokens {m} is over this server's limit of {self.limits.max_tokens} "
+                                f"(--max-tokens-limit)", param="max_tokens")
+        top_k = 0 if req.top_k == -1 or req.top_k >= self.engine.vocab_size else req.top_k
+        seed = req.seed if req.seed is not None else random.randrange(2 ** 31)
+        return {"max_tokens": m, "temperature": req.temperature, "top_p": req.top_p, "top_k": top_k,
+                "seed": seed, "stop": P.stops_of(req.stop)}
+
+    def _encode(self, kind: str, req) -> list[list[int]]:
+        """Token ids of each prompt (chat: the rendered template), checked by the engine."""
+        tok = self.engine.tokenizer
+        if kind == "chat":
+            if tok is None or not tok.chat_template:
+                raise ApiError(400, "this model has no chat template: use /v1/completions")
+            messages = P.messages_of(req.messages)
+            try:
+                text = tok.render_chat(messages)
+            except Exception as e:  # noqa: BLE001 - the template refused these messages (jinja raise_exception)
+                raise ApiError(400, f"the chat template refused the messages: {e}", param="messages") from None
+            prompts = [tok.encode(text, add_special_tokens=False)]
+        else:
+            texts = P.prompts_of(req.prompt)
+            if len(texts) > self.limits.max_prompts:
+                raise ApiError(400, f"{len(texts)} prompts: at most {self.limits.max_prompts} per request",
+                               param="prompt")
+            if tok is None and any(isinstance(t, str) for t in texts):
+                raise ApiError(400, "this model has no tokenizer: send token ids", param="prompt")
+            prompts = [tok.encode(t) if isinstance(t, str) else t for t in texts]
+        most = self.limits.max_prompt_tokens
+        for i, ids in enumerate(prompts):
+            if most is not None and len(ids) > most:
+                raise ApiError(400, f"prompt {i} has {len(ids)} tokens: this server takes at most {most} "
+                                    f"(--max-prompt-tokens)", param="prompt")
+            try:
+                self.engine.check(ids)
+            except ValueError as e:
+                raise ApiError(400, str(e), param="messages" if kind == "chat" else "prompt") from None
+        return prompts
+
+
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    """The body, refused (413) past the size limit -- from Content-Length before
+    reading when it is declared -- and (408) when it does not arrive in time."""
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) > limits.max_body_bytes:
+        raise ApiError(413, f"the body is {int(declared)} bytes: this server takes at most "
+                            f"{limits.max_body_bytes} (--max-body-bytes)")
+    parts, size = [], 0
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise ApiError(413, f"the body is over {limits.max_body_bytes} bytes (--max-body-bytes)")
+                parts.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+class _Reply:
+    """One response's shape (completion or chat), built from engine events."""
+
+    def __init__(self, rid: str, kind: str, model: str, metrics: Metrics):
+        self.rid, self.kind, self.model, self.metrics = rid, kind, model, metrics
+        self.created = int(time.time())
+        self.tokens_sent = 0
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    async def _collect(self, req) -> tuple[str, Done]:
+        text, last = [], None
+        async for ev in req.events():
+            if isinstance(ev, Delta):
+                if last is not None:
+                    self.metrics.gap(ev.t - last)
+                last = ev.t
+                text.append(ev.text)
+            else:
+                self.metrics.done(ev)
+                return "".join(text), ev
+
+    async def drain(self, req) -> None:
+        """Wait out a request nobody reads any more (its Done still reaches the metrics)."""
+        await self._collect(req)
+
+    async def whole(self, reqs, request: Request):
+        """The non-streamed response, or nothing once the client has gone (its requests cancelled)."""
+        results = asyncio.ensure_future(asyncio.gather(*(self._collect(r) for r in reqs)))
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not results.done():
+            for r in reqs:
+                r.cancel()
+            log.warning("client disconnected: request %s cancelled", self.rid)
+            results.add_done_callback(_quiet)  # it still counts the abort in the metrics
+            return Response(status_code=499)
+        try:
+            outs = results.result()
+        except EngineError as e:
+            raise ApiError(500, str(e)) from None
+        return self._body(outs)
+
+    def _body(self, outs: list[tuple[str, Done]]) -> dict:
+        choices = []
+        for i, (text, d) in enumerate(outs):
+            c = {"index": i, "finish_reason": d.finish_reason, "logprobs": None}
+            if self.kind == "chat":
+                c["message"] = {"role": "assistant", "content": text}
+            else:
+                c["text"] = text
+            choices.append(c)
+        prompt = sum(d.prompt_tokens for _, d in outs)
+        completion = sum(d.completion_tokens for _, d in outs)
+        return {**self._head("chat.completion" if self.kind == "chat" else "text_completion"),
+                "choices": choices, "usage": _usage(prompt, completion), "eagle": _eagle(outs)}
+
+    def _chunk(self, piece: str | None, finish: str | None = None) -> dict:
+        c = {"index": 0, "finish_reason": finish}
+        if self.kind == "chat":
+            c["delta"] = {} if piece is None else {"content": piece}
+        else:
+            c["text"], c["logprobs"] = piece or "", None
+        return {**self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion"),
+                "choices": [c]}
+
+    async def events(self, req, include_usage: bool):
+        """Server-sent events of one streamed request, ending with [DONE]."""
+        if self.kind == "chat":
+            first = self._chunk("")
+            first["choices"][0]["delta"]["role"] = "assistant"
+            yield _sse(first)
+        last = None
+        try:
+            async for ev in req.events():
+                if isinstance(ev, Delta):
+                    if last is not None:
+                        self.metrics.gap(ev.t - last)
+                    last = ev.t
+                    self.tokens_sent += ev.tokens
+                    yield _sse(self._chunk(ev.text))
+                    continue
+                self.metrics.done(ev)
+                yield _sse(self._chunk(None, ev.finish_reason))
+                if include_usage:
+                    usage = {**self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion"),
+                             "choices": [], "usage": _usage(ev.prompt_tokens, ev.completion_tokens)}
+                    yield _sse(usage)
+        except EngineError as e:  # the headers are out: report it as an event
+            yield _sse(ApiError(500, str(e)).body())
+        yield "data: [DONE]\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """An SSE response whose request is cancelled when the response ends early
+    (client gone), even before its first byte."""
+
+    def __init__(self, events, req, reply: _Reply):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.req, self.reply = req, reply
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.req.finished:
+                self.req.cancel()
+                log.warning("client disconnected: stream %s cancelled after %d tokens", self.reply.rid,
+                            self.reply.tokens_sent)
+                drain = asyncio.ensure_future(self.reply.drain(self.req))  # counts the abort in the metrics
+                drain.add_done_callback(_quiet)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _quiet(f: asyncio.Future) -> None:
+    """Retrieve a background task's outcome, so that a failure is not reported as unhandled."""
+    if not f.cancelled():
+        f.exception()
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _eagle(outs: list[tuple[str, Done]]) -> dict:
+    """The eagle-jax block of a response: engine facts and acceptance over its prompts."""
+    done = [d for _, d in outs]
+    out = {**done[0].extra, "ttft_s": done[0].ttft_s, "wall_s": max(d.wall_s for d in done)}
+    specs = [d.spec for d in done if d.spec is not None]
+    if specs:
+        drafts = sum(s.drafts for s in specs)
+        per_pos = [sum(p) for p in zip(*(s.per_position for s in specs))]
+        out["acceptance_length"] = 1 + sum(s.accepted for s in specs) / drafts if drafts else None
+        out["per_position_acceptance"] = [p / drafts for p in per_pos] if drafts else []
+    return out
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+class _JsonErrorsH11(H11Protocol):
+    """uvicorn's h11 protocol, answering a request it cannot parse with a JSON 400."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = ApiError(400, f"malformed HTTP request: {msg}").body()
+        data = JSONResponse(body).body
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=data),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+class Server:
+    """A bound server: `serve_forever()` on some thread, `shutdown()` from another,
+    then `server_close()` (the socket and the engine)."""
+
+    def __init__(self, app, sock: socket.socket, engine):
+        self.sock, self.engine = sock, engine
+        self.server_address = sock.getsockname()[:2]
+        config = uvicorn.Config(app, http=_JsonErrorsH11, lifespan="off", log_config=None, access_log=False,
+                                timeout_graceful_shutdown=2, timeout_keep_alive=5)
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
+
+    def serve_forever(self) -> None:
+        try:
+            self._uvicorn.run(sockets=[self.sock])
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        self._uvicorn.should_exit = True
+        self._stopped.wait(30)
+
+    def server_close(self) -> None:
+        self.engine.close()
+        self.sock.close()
+
+
+def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "eagle-jax",
+                draft_name: str = "none", max_batch: int = 8, max_len: int = 1024, prefill_chunk: int = 64,
+                prefill_budget: int = 256, adaptive: bool = True, limits: Limits = Limits(),
+                api_key: str | None = None, sock: socket.socket | None = None) -> Server:
+    """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port:
+    serve/slots.py's SlotEngine with `max_batch` row slots (max_len, prefill_chunk, prefill_budget,
+    adaptive), which compiles its programs before this returns."""
+    backend = SlotEngine(generator, slots=max_batch, max_len=max_len, draft_name=draft_name,
+                         prefill_chunk=prefill_chunk, prefill_budget=prefill_budget, adaptive=adaptive)
+    app = create_app(backend, model_name=model_name, limits=limits, api_key=api_key)
+    return Server(app, sock if sock is not None else bind(host, port), backend)
+
+
