@@ -16,6 +16,11 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or contradicts another one."""
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint (target or drafter) cannot be read, or its tensors are missing, unexpected
+    or inconsistent with its config."""
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     """Rotary embedding: base `theta` plus an optional scaling rule.
@@ -299,7 +304,7 @@ class SpecConfig:
     def at_depth(self, depth: int) -> "SpecConfig":
         """The same drafting at `depth` levels (1 <= depth <= self.depth): a chain of
         `depth` tokens, or a tree `depth` levels deep verifying at most as many
-        tokens as this one (a slot engine lowers the depth by measured cost)."""
+        tokens as this one (the engine lowers the depth by measured cost)."""
         if not 1 <= depth <= self.depth:
             raise ConfigError(f"a draft depth must be in [1, {self.depth}], got {depth}")
         if self.method == "chain":

@@ -1,9 +1,11 @@
 """Process-level settings: defaults per backend (dtype, when to speculate), persistent compilation cache,
-and joining several processes into one JAX runtime (multi-host)."""
+joining several processes into one JAX runtime (multi-host), and what this machine is (`machine_info`)."""
 
 from __future__ import annotations
 
 import os
+import platform
+import socket
 
 import jax
 
@@ -36,7 +38,7 @@ def default_disable_by_batch_size() -> int | None:
     row on two cores) and ran at 0.82x plain, the tree at 0.68x
     (`step_cost-quick-20261205-004528`); the XLA path's verify costs 1.4-1.9x
     a plain step, too much for the drafters' tau. The server's adaptive slot
-    engine lifts the cap of 1 (serve/slots.py): its draft policy, timing each
+    engine lifts the cap of 1 (eagle_jax/engine/): its draft policy, timing each
     depth per row bucket, picks plain where drafting loses."""
     if jax.default_backend() != "cpu":
         return None
@@ -90,3 +92,59 @@ def initialize_distributed(coordinator_address: str, num_processes: int, process
     except RuntimeError as e:
         raise ConfigError(f"joining {num_processes} processes at {coordinator_address} failed: "
                           f"{str(e).splitlines()[0]}") from None
+
+
+# ----------------------------------------------------------------------------- the machine
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    """CPU model, core counts, accelerator, memory and library versions (what benchmark results,
+    learning-curve points and model cards record of the machine that made them)."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    mem_gb = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_gb = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    devices = jax.devices()
+    backend = jax.default_backend()
+    info = {
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "memory_gb": mem_gb,
+        "backend": backend,
+        "devices": [getattr(d, "device_kind", str(d)) for d in devices],
+        "device_count": len(devices),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    info["description"] = describe_machine(info)
+    return info
+
+
+def describe_machine(info: dict) -> str:
+    if info.get("backend") not in (None, "cpu"):
+        return f"{info['device_count']}x {info['devices'][0]} ({info['backend']}), host {info['cpu_model']}"
+    cores = info.get("cpu_affinity") or info.get("cpu_count")
+    return f"{info['cpu_model']}, {cores} cores, {info.get('memory_gb')} GB RAM (CPU backend)"

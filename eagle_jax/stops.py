@@ -2,7 +2,7 @@
 
 Every driver ends a reply at a stop string the same way through this module:
 `Generator.generate` and `Generator.stream` (eagle_jax/generate.py) and the
-serving engine (serve/slots.py). The tokens kept are the shortest prefix whose
+engine (eagle_jax/engine/). The tokens kept are the shortest prefix whose
 text covers the text kept, as vLLM reports them.
 """
 

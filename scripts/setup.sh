@@ -18,7 +18,7 @@ fi
 # transformers, so it goes in without its dependencies: its model code imports with the pinned
 # stack (the training-data modules it also imports are stubbed by the test).
 "$VENV/bin/python" -m pip install -q --no-deps speculators==0.9.0
-# The native CPU kernels (kernels/cpu/eagle_cpu.cc), compiled here from source with the system
+# The native CPU kernels (eagle_jax/kernels/cpu/eagle_cpu.cc), compiled here from source with the system
 # C++ compiler; without one the XLA path is used and this prints why.
 "$VENV/bin/python" -m eagle_jax.kernels.cpu
 touch "$VENV/.installed"

@@ -1,6 +1,6 @@
 """`eagle-jax serve` through the official `openai` client and raw sockets.
 
-One Generator (SmolLM2 + its bundled drafter, fp32) behind the slot engine
+One Generator (SmolLM2 + its bundled drafter, fp32) behind the engine
 serves every test. Answers are compared with the Generator's own, bad input
 with OpenAI-style JSON errors, and a load of concurrent clients (some
 streaming, some leaving early) with the same requests sent alone.
@@ -32,7 +32,7 @@ CHAT = [{"role": "user", "content": "Name three primary colours."}]
 QUESTIONS = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French.", "Name a large animal.",
              "What colour is the sky?", "Count to five.", "Name a fruit.", "What is the capital of Italy?"]
 MODEL = "smollm2"
-SLOTS = 4
+ROWS = 4
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,8 @@ def gen(smollm2_target):
 
 
 def _start(gen, **kw):
-    """A server on its own slot engine (drafting at every step: the counters below are then certain)."""
-    settings = {"max_batch": SLOTS, "max_len": 256, "prefill_chunk": 32, "adaptive": False, **kw}
+    """A server on its own engine (drafting at every step: the counters below are then certain)."""
+    settings = {"max_batch": ROWS, "max_len": 256, "prefill_chunk": 32, "adaptive": False, **kw}
     server = make_server(gen, "127.0.0.1", 0, model_name=MODEL, draft_name="default", **settings)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -196,7 +196,7 @@ def test_models_health_and_unknown_model(served, client):
     info = json.loads(text)
     assert status == 200 and info["draft"] == "default" and info["method"] == gen.spec.method
     assert info["disable_by_batch_size"] == gen.disable_by_batch_size
-    assert info["engine"] == "slots" and info["slots"] == SLOTS and info["warmup_s"] > 0
+    assert info["engine"] == "continuous" and info["max_rows"] == ROWS and info["warmup_s"] > 0
     assert _get(url + "/v1/nothing")[0] == 404
 
 

@@ -2,9 +2,9 @@
 
     eagle-jax bench --suite draft-policy [--serve-concurrency 1,4,16] [--max-new-tokens 64] [--rounds 3]
 
-One process holds one slot engine (serve/slots.py) per way of drafting, each
+One process holds one engine (eagle_jax/engine/) per way of drafting, each
 over the same target with as many slots as the highest concurrency: `plain`
-(no drafter), `adaptive` (the depth of each step picked by `_DraftPolicy`, as
+(no drafter), `adaptive` (the depth of each step picked by `DraftPolicy`, as
 `eagle-jax serve` runs by default) and `depth d` (`adaptive=False`: every step
 drafts d tokens, for each depth the adaptive engine compiles: 1, 2, 4, ...
 and the drafter's configured depth). The drafter runs at every batch size
@@ -34,7 +34,7 @@ __all__ = ["run"]
 
 async def _reply(req) -> dict:
     """A request's text and its Done's counts and times."""
-    from eagle_jax.serve.engine import Delta
+    from eagle_jax.engine import Delta
 
     text = ""
     async for event in req.events():
@@ -48,10 +48,10 @@ async def _reply(req) -> dict:
 def _burst(engine, prompts: list[list[int]], max_new: int) -> dict:
     """Every prompt submitted at once; each reply, the burst's wall time, and the engine's steps
     by depth and catch-up calls during it."""
-    from eagle_jax.serve.engine import Sampling
+    from eagle_jax.engine import Sampling
 
     async def all_of():
-        reqs = [engine.submit(ids, Sampling(max_tokens=max_new), stream=True) for ids in prompts]
+        reqs = [engine.submit(ids, Sampling(max_new_tokens=max_new)) for ids in prompts]
         return await asyncio.gather(*map(_reply, reqs))
 
     before = engine.info()
@@ -72,7 +72,7 @@ def run(args, log) -> dict:
     from eagle_jax.convert.registry import load_target
     from eagle_jax.generate import Generator
     from eagle_jax.runtime import default_dtype, enable_compilation_cache
-    from eagle_jax.serve.slots import SlotEngine, _depths, fitting_max_len
+    from eagle_jax.engine import Engine, draft_depths, fitting_max_len
 
     levels = sorted({int(c) for c in args.serve_concurrency.split(",")})
     if not levels or levels[0] < 1:
@@ -93,11 +93,11 @@ def run(args, log) -> dict:
     plain = Generator(target.cfg, target.params, tok)
     eagle = Generator(target.cfg, target.params, tok, drafter=drafter, spec=spec)
     max_len = fitting_max_len(eagle, max(map(len, prompts)), max_new, args.prefill_chunk)
-    kw = dict(slots=levels[-1], max_len=max_len, prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget)
+    kw = dict(max_rows=levels[-1], max_len=max_len, prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget)
     engines, warm = {}, {}
     ways = [("plain", plain, {"speculative": False}), ("adaptive", eagle, {"draft_name": draft})]
     ways += [(f"depth {d}", Generator(target.cfg, target.params, tok, drafter=drafter, spec=spec.at_depth(d)),
-              {"draft_name": draft, "adaptive": False}) for d in _depths(spec.depth)]
+              {"draft_name": draft, "adaptive": False}) for d in draft_depths(spec.depth)]
     result = H.result_header("draft_policy")
     result["mode"] = "engines"
     result["settings"] = {"concurrency": levels, "max_new_tokens": max_new, "rounds": rounds, "draft": draft,
@@ -105,7 +105,7 @@ def run(args, log) -> dict:
     try:
         for name, gen, extra in ways:
             t0 = time.perf_counter()
-            engines[name] = SlotEngine(gen, **kw, **extra)
+            engines[name] = Engine(gen, **kw, **extra)
             warm[name] = time.perf_counter() - t0
             log(f"draft-policy {name}: warm-up {warm[name]:.1f}s")
         for c in levels:  # untimed

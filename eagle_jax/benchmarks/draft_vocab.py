@@ -24,7 +24,6 @@ Results: benchmarks/results/draft_vocab-<date>-<machine>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 

@@ -42,10 +42,8 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import resource
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -55,67 +53,12 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from eagle_jax.benchmarks.datasets import Prompt
+from eagle_jax.runtime import cpu_model, describe_machine, machine_info  # noqa: F401 - re-exported
 
 # Results go under the working directory (in a checkout: the committed benchmarks/results/ data
 # folder), never inside the installed package; every command takes --output-dir.
 RESULTS_DIR = os.path.join("benchmarks", "results")
 WARMUP_TOKENS = 2
-
-
-# ----------------------------------------------------------------------------- machine
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict:
-    """CPU model, core counts, accelerator, memory and library versions."""
-    import jax
-
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
-    mem_gb = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_gb = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    devices = jax.devices()
-    backend = jax.default_backend()
-    info = {
-        "hostname": socket.gethostname(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "memory_gb": mem_gb,
-        "backend": backend,
-        "devices": [getattr(d, "device_kind", str(d)) for d in devices],
-        "device_count": len(devices),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-    info["description"] = describe_machine(info)
-    return info
-
-
-def describe_machine(info: dict) -> str:
-    if info.get("backend") not in (None, "cpu"):
-        return f"{info['device_count']}x {info['devices'][0]} ({info['backend']}), host {info['cpu_model']}"
-    cores = info.get("cpu_affinity") or info.get("cpu_count")
-    return f"{info['cpu_model']}, {cores} cores, {info.get('memory_gb')} GB RAM (CPU backend)"
 
 
 def machine_slug(info: dict) -> str:

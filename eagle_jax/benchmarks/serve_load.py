@@ -8,7 +8,7 @@ engine (continuous batching) with as many slots as the
 highest concurrency: one decodes plainly, one has the drafter (`--draft`,
 default the bundled EAGLE 3.1) at every batch size (`disable_by_batch_size=None`,
 so the CPU's batch policy does not turn it off) and drafts at the steps its
-policy picks by measured cost and acceptance (serve/slots.py `_DraftPolicy`;
+policy picks by measured cost and acceptance (engine/policy.py `DraftPolicy`;
 the result counts the timed steps by draft depth, 0 being plain). At concurrency
 c, c clients each POST one streamed greedy chat request (HumanEval prompts,
 `stream_options.include_usage`) at the same moment; a user's output throughput

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
+from eagle_jax.config import CheckpointError, ConfigError, DrafterConfig, TargetConfig
 from eagle_jax.convert.drafter_config import (
     detect_config_format,
     drafter_config_from_dict,
@@ -65,10 +65,6 @@ FORMATS = ("speculators", "native")
 _LAYER_PREFIX = {"speculators": "layers.0", "native": "midlayer"}
 _TORCH_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
                       np.dtype(ml_dtypes.bfloat16): "bfloat16", np.dtype(np.float64): "float64"}
-
-
-class CheckpointError(ConfigError):
-    """A drafter checkpoint's tensors are missing, unexpected or inconsistent with its config."""
 
 
 # ----------------------------------------------------------------------------- key table

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
+from eagle_jax.config import CheckpointError, ConfigError, RopeConfig, TargetConfig
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile
 
 __all__ = [
@@ -37,10 +37,6 @@ __all__ = [
     "load_hf_directory",
     "resolve_dtype",
 ]
-
-
-class CheckpointError(ValueError):
-    """The weights of a checkpoint do not match its configuration."""
 
 
 # architecture -> (model_type, defaults that differ between the HF config classes)
@@ -393,7 +389,7 @@ def params_from_hf_tensors(cfg: TargetConfig, tensors: Mapping, dtype="float32",
                 "tie_word_embeddings is true; set tie_word_embeddings to false in config.json "
                 "if the output projection is meant to be separate")
 
-    L, H, F, V, D = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    L, H, F, D = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     Q, KV = cfg.q_size, cfg.kv_size
 
     def stack(shape, fill):

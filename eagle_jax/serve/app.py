@@ -1,7 +1,7 @@
 """The HTTP layer of `eagle-jax serve` (serve/cli.py has the endpoints and the command line).
 
 FastAPI (Starlette) on uvicorn; it talks to the engine only through
-serve/engine.py's interface (submit / events / cancel / load / check / info).
+the engine's interface (eagle_jax/engine/: submit / events / cancel / load / check / info).
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from eagle_jax.engine import Delta, Done, Engine, EngineError, Sampling
 from eagle_jax.serve import protocol as P
-from eagle_jax.serve.engine import Delta, Done, EngineError, Sampling
-from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from eagle_jax.serve.config import Limits, bind
+from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from eagle_jax.serve.protocol import ApiError
-from eagle_jax.serve.slots import SlotEngine
 
 __all__ = ["create_app", "Server", "make_server"]
 
@@ -39,7 +38,8 @@ log = logging.getLogger("eagle_jax.serve")
 
 
 def create_app(engine, *, model_name: str, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
-    """The ASGI app serving `engine` (serve/engine.py's interface) as `model_name`."""
+    """The ASGI app serving `engine` (an eagle_jax.engine.Engine, or anything with its interface) as
+    `model_name`."""
     app = FastAPI(title="eagle-jax", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics(model_name, engine.load)
     api = _Api(engine, model_name, limits, metrics)
@@ -125,7 +125,7 @@ class _Api:
             raise ApiError(400, "stream takes a single prompt", param="prompt")
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         try:
-            reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}), stream=req.stream)
+            reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}))
                     for i, ids in enumerate(prompts)]
         except EngineError as e:  # e.g. shutting down
             raise ApiError(503, str(e)) from None
@@ -142,7 +142,7 @@ class _Api:
                                 f"(--max-tokens-limit)", param="max_tokens")
         top_k = 0 if req.top_k == -1 or req.top_k >= self.engine.vocab_size else req.top_k
         seed = req.seed if req.seed is not None else random.randrange(2 ** 31)
-        return {"max_tokens": m, "temperature": req.temperature, "top_p": req.top_p, "top_k": top_k,
+        return {"max_new_tokens": m, "temperature": req.temperature, "top_p": req.top_p, "top_k": top_k,
                 "seed": seed, "stop": P.stops_of(req.stop)}
 
     def _encode(self, kind: str, req) -> list[list[int]]:
@@ -342,10 +342,10 @@ def _eagle(outs: list[tuple[str, Done]]) -> dict:
     out = {**done[0].extra, "ttft_s": done[0].ttft_s, "wall_s": max(d.wall_s for d in done)}
     specs = [d.spec for d in done if d.spec is not None]
     if specs:
-        drafts = sum(s.drafts for s in specs)
+        steps = sum(s.verify_steps for s in specs)
         per_pos = [sum(p) for p in zip(*(s.per_position for s in specs))]
-        out["acceptance_length"] = 1 + sum(s.accepted for s in specs) / drafts if drafts else None
-        out["per_position_acceptance"] = [p / drafts for p in per_pos] if drafts else []
+        out["acceptance_length"] = 1 + sum(s.accepted for s in specs) / steps if steps else None
+        out["per_position_acceptance"] = [p / steps for p in per_pos] if steps else []
     return out
 
 
@@ -398,10 +398,10 @@ def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_n
                 prefill_budget: int = 256, adaptive: bool = True, limits: Limits = Limits(),
                 api_key: str | None = None, sock: socket.socket | None = None) -> Server:
     """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port:
-    serve/slots.py's SlotEngine with `max_batch` row slots (max_len, prefill_chunk, prefill_budget,
-    adaptive), which compiles its programs before this returns."""
-    backend = SlotEngine(generator, slots=max_batch, max_len=max_len, draft_name=draft_name,
-                         prefill_chunk=prefill_chunk, prefill_budget=prefill_budget, adaptive=adaptive)
+    the engine with `max_batch` rows (max_len, prefill_chunk, prefill_budget, adaptive), which
+    compiles its programs before this returns."""
+    backend = Engine(generator, max_rows=max_batch, max_len=max_len, draft_name=draft_name,
+                     prefill_chunk=prefill_chunk, prefill_budget=prefill_budget, adaptive=adaptive)
     app = create_app(backend, model_name=model_name, limits=limits, api_key=api_key)
     return Server(app, sock if sock is not None else bind(host, port), backend)
 

@@ -40,10 +40,10 @@ throughput here. Measured with an engine that returns at once, a chat request
 spends 2.7 ms (p50; p99 9.5 ms) in this layer on one loaded core, against
 seconds on the engine.
 
-The engine behind the HTTP layer is anything with serve/engine.py's interface
+The engine behind the HTTP layer is anything with the engine's interface
 (submit / events / cancel / load / check / info); the server runs
-serve/slots.py's `SlotEngine` (continuous batching over `--max-batch` row
-slots, every program compiled at start-up).
+eagle_jax/engine/'s `Engine` (continuous batching over `--max-batch` rows,
+every program compiled at start-up).
 serve/app.py holds the HTTP layer; this module (the command line) imports no web
 framework until a server is made.
 """
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch", type=int, default=8,
-                   help="row slots: most requests decoded together (continuous batching, serve/slots.py)")
+                   help="rows: most requests decoded together (continuous batching, eagle_jax/engine/)")
     p.add_argument("--max-len", type=int, default=1024,
                    help="cache slots per row: prompt and answer (and a step's scratch) together")
     p.add_argument("--prefill-chunk", type=int, default=64,

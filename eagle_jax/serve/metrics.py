@@ -44,7 +44,7 @@ class Metrics:
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", _L, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", _L, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests.", _L + ["finished_reason"], registry=r)
-        self.drafts = Counter("vllm:spec_decode_num_drafts", "Verify steps.", _L, registry=r)
+        self.verify_steps = Counter("vllm:spec_decode_num_drafts", "Verify steps.", _L, registry=r)
         self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Tokens drafted.", _L, registry=r)
         self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", _L, registry=r)
         self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
@@ -55,7 +55,7 @@ class Metrics:
         self.itl.labels(self.model).observe(seconds)
 
     def done(self, d) -> None:
-        """A finished request (a serve.engine.Done)."""
+        """A finished request (an engine Done)."""
         m = self.model
         self.success.labels(m, d.finish_reason).inc()
         self.e2e.labels(m).observe(d.wall_s)
@@ -66,7 +66,7 @@ class Metrics:
             if d.completion_tokens > 1:
                 self.tpot.labels(m).observe((d.wall_s - d.ttft_s) / (d.completion_tokens - 1))
         if d.spec is not None:
-            self.drafts.labels(m).inc(d.spec.drafts)
+            self.verify_steps.labels(m).inc(d.spec.verify_steps)
             self.draft_tokens.labels(m).inc(d.spec.draft_tokens)
             self.accepted.labels(m).inc(d.spec.accepted)
             for i, n in enumerate(d.spec.per_position):

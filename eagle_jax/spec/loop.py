@@ -12,7 +12,7 @@ Conventions: the *pending* token of a row has been emitted but is not yet in
 the target cache; it sits at position `tcache.lengths`. The drafter cache has
 the same committed length as the target cache: its entry at position t pairs
 the target's features at t with token t+1. With `LoopConfig.catch_up_width`
-(a slot engine that mixes plain and drafting steps) the prefill and plain
+(the engine, eagle_jax/engine/, mixes plain and drafting steps) the prefill and plain
 steps only keep the target's features (`DecodeState.feats`) and the drafter
 falls behind; `catch_up` brings it level before a drafting step.
 """
@@ -49,7 +49,7 @@ class LoopConfig:
     impl: str = "auto"
     # > 0: the prefill and plain steps store the target's features (`DecodeState.feats`)
     # instead of running the drafter; `catch_up` rolls it over them, this many positions
-    # a call. For a slot engine: its state holds `create_feats` buffers, and `insert`
+    # a call. For the engine: its state holds `create_feats` buffers, and `insert`
     # puts each prefilled row's prompt into them.
     catch_up_width: int = 0
 
@@ -90,9 +90,9 @@ class DecodeState:
     stats: SpecStats
     # With lc.catch_up_width, what the drafter has not read yet, by position: the target's
     # features feats [N, S, A*H] (float32) and the token after each position feat_tokens
-    # [N, S]; rows [0, B) are this state's (N >= B: a step over a slot engine's first rows
+    # [N, S]; rows [0, B) are this state's (N >= B: a step over the engine's first rows
     # gets the whole buffers). `prefill` gives the prompt's ([B, P, ...]; `insert` puts them
-    # into a slot engine's buffers, `create_feats`), plain steps add theirs. None otherwise.
+    # into the engine's buffers, `create_feats`), plain steps add theirs. None otherwise.
     feats: jax.Array | None = None
     feat_tokens: jax.Array | None = None
 
@@ -244,7 +244,7 @@ def _lazy(tparams, lc: LoopConfig, state: DecodeState, dcache, feats, feat_token
 
 
 def prompt_chunk(tparams, tokens, start, tcache: KVCache, feats, *, lc: LoopConfig):
-    """One chunk of a prompt prefilled a chunk at a time (a slot engine between steps):
+    """One chunk of a prompt prefilled a chunk at a time (the engine, between steps):
     tokens [B, C] at positions start [B] + j, where start is the cache's committed length.
     With a drafter (`lc.catch_up_width` > 0) their features go to feats [B, S, A*H] (float32)
     at those positions. Returns (tcache committed, feats, hidden [B, C, H])."""
@@ -275,7 +275,7 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
     """One token a row from the target alone. With a drafter (`lc.speculative`),
     the drafter still rolls forward over it with the target's features, so a
     later speculative step finds its cache and root prediction as if it had
-    drafted all along (a slot engine switches between the two per step); or,
+    drafted all along (the engine switches between the two per step); or,
     with `lc.catch_up_width`, the features are kept for `catch_up` to do that later."""
     b = state.pending.shape[0]
     base = state.tcache.lengths
@@ -378,7 +378,7 @@ def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, depth: 
 def step_rows(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, rows: int,
               depth: int | None = None) -> DecodeState:
     """`step` over rows [0, rows) of the state only; the other rows are left
-    as they are (a slot engine whose occupied slots are the first `rows`
+    as they are (the engine, whose occupied rows are the first `rows`
     pays for those alone)."""
     return _on_rows(partial(step, tparams, dparams, vocab, lc=lc, depth=depth), state, rows, lc)
 

@@ -3,7 +3,7 @@
 tau (mean acceptance length) = 1 + accepted / steps, counting the token the
 target contributes at every verify step; draft acceptance rate = accepted /
 drafted, where a step drafts its depth in tokens (k for a chain, the tree's
-depth for a tree: the most it can accept; a slot engine may lower it step
+depth for a tree: the most it can accept; the engine may lower it step
 by step); per-position acceptance rate at position i = steps that accepted
 at least i+1 drafts / steps.
 """

@@ -17,7 +17,7 @@ regeneration never reaches). Held-out
 conversations (train/data.py `is_heldout`) are copied unchanged: only their
 prompts are used, for evaluation, and keeping their ids keeps the split.
 
-The answers come from the slot engine the server runs (serve/slots.py:
+The answers come from the engine the server runs (eagle_jax/engine/:
 continuous batching): `batch_size` conversations at a time, each in its own
 slot, a finished one's slot taken at once by the next conversation.
 
@@ -150,19 +150,18 @@ def regenerate(conversations: Sequence[dict], generator, out_path: str | os.Path
 
 def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens, max_prompt_tokens, max_turns,
          progress, total) -> None:
-    """Regenerate on the slot engine (serve/slots.py: the server's continuous batching), one
-    conversation per slot at a time: its turns go in one after another, and a slot whose
+    """Regenerate on the engine (eagle_jax/engine/: the server's continuous batching), one
+    conversation per row at a time: its turns go in one after another, and a row whose
     conversation ends takes the next one. Records are appended as conversations finish."""
     import asyncio
 
     from tqdm import tqdm
 
-    from eagle_jax.serve.engine import Delta, Sampling
-    from eagle_jax.serve.slots import SlotEngine, fitting_max_len
+    from eagle_jax.engine import Delta, Engine, Sampling, fitting_max_len
 
     tok = generator.tokenizer
-    engine = SlotEngine(generator, slots=batch_size,
-                        max_len=fitting_max_len(generator, max_prompt_tokens, max_new_tokens))
+    engine = Engine(generator, max_rows=batch_size,
+                    max_len=fitting_max_len(generator, max_prompt_tokens, max_new_tokens))
     stats["warmup_s"] = round(engine.warmup_s, 1)
     bar = tqdm(total=total, initial=total - len(conversations), desc="regenerate", unit="conv",
                disable=not progress)
@@ -170,7 +169,7 @@ def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens
     async def answer(ids: list[int]) -> tuple[str, str, int]:
         """(text, finish reason, completion tokens) of one greedy answer."""
         text = ""
-        async for event in engine.submit(ids, Sampling(max_tokens=max_new_tokens), stream=False).events():
+        async for event in engine.submit(ids, Sampling(max_new_tokens=max_new_tokens)).events():
             if isinstance(event, Delta):
                 text += event.text
             else:
@@ -199,7 +198,7 @@ def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens
         t0 = time.perf_counter()
         finished = total - len(conversations)
 
-        async def slot_worker():
+        async def row_worker():
             nonlocal finished
             for conv in todo:  # one iterator shared by every worker
                 rec = await converse(conv)
@@ -219,7 +218,7 @@ def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens
                                       "tok_s": round(stats["tokens"] / max(stats["generate_s"], 1e-9), 1),
                                       "time": time.strftime("%Y-%m-%dT%H:%M:%S")}), file=sys.stderr, flush=True)
 
-        await asyncio.gather(*(slot_worker() for _ in range(batch_size)))
+        await asyncio.gather(*(row_worker() for _ in range(batch_size)))
 
     try:
         asyncio.run(drive())

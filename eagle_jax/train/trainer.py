@@ -69,7 +69,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -85,6 +84,7 @@ import optax
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
 from eagle_jax.kernels import resolve_impl
 from eagle_jax.models import drafter, target
+from eagle_jax.runtime import machine_info
 from eagle_jax.train import data as data_lib
 from eagle_jax.train import features as features_lib
 from eagle_jax.train import ttt
@@ -103,7 +103,6 @@ __all__ = [
     "iter_batches",
     "evaluate_acceptance",
     "Trainer",
-    "machine_info",
 ]
 
 VARIANTS = {"eagle3": dict(fc_norm=False, norm_output=False),
@@ -476,25 +475,6 @@ def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterCon
 
 def _seconds(x) -> str:
     return f"{x:.1f} s" if x is not None else "not measured in this process"
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
-    return {"cpu": cpu, "cores": cores, "platform": platform.platform(),
-            "python": sys.version.split()[0], "jax": jax.__version__,
-            "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
 
 
 def _to_host(tree):
@@ -986,7 +966,7 @@ class Trainer:
             f"throughput {last.get('tok_s', float('nan')):.0f} tokens/s at the last step (padded); "
             f"{summary['step'] * cfg.batch_size * cfg.seq_len / max(last.get('elapsed_s') or 0, 1e-9):.0f} "
             f"tokens/s over the run",
-            f"- machine: {mi['cpu']}, {mi['cores']} cores, {mi['backend']} backend, jax {mi['jax']}",
+            f"- machine: {mi['description']}, jax {mi['jax']}",
         ]
         for r in read_log(self.log_path):
             if r.get("type") == "resume":

@@ -39,7 +39,7 @@ from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
 from eagle_jax.convert.drafter_formats import params_from_tensors, tensors_from_params  # noqa: E402
 from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
-from eagle_jax.serve.slots import SlotEngine  # noqa: E402
+from eagle_jax.engine import Engine  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
 from eagle_jax.models.drafter import Drafter  # noqa: E402
 from eagle_jax.sharding import make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
@@ -100,7 +100,7 @@ def loaded(mesh) -> dict:
                   for _, p, (_, want) in pairs]
     g = Generator(got.cfg, got.params, impl="xla", mesh=parse_mesh(mesh), drafter=got_drafter, spec=specs["chain"])
     try:
-        SlotEngine(g)
+        Engine(g)
         refused = None
     except ValueError as e:
         refused = str(e)

@@ -9,7 +9,6 @@ the features gathered along the accepted path, the feedback of step i) shows
 up as a different count.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

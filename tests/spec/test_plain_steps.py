@@ -10,7 +10,6 @@ the one it would have had from the start)."""
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
-"""serve/slots.py's SlotEngine on SmolLM2-135M (fp32), plain and with its bundled drafter (chain, tree).
+"""The engine (eagle_jax/engine/) on SmolLM2-135M (fp32), plain and with its bundled drafter (chain, tree).
 
-Requests join and leave a fixed set of slots between steps; every greedy
+Requests join and leave a fixed set of rows between steps; every greedy
 answer must equal what `Generator.generate` gives for the prompt alone,
 whatever ran beside it, and nothing may compile after the warm-up.
 """
@@ -22,22 +22,21 @@ import eagle_jax.generate
 from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
-from eagle_jax.serve.engine import Delta, EngineError, Sampling
+from eagle_jax.engine import Delta, DraftPolicy, Engine, EngineError, Sampling, draft_depths, fitting_max_len
 from eagle_jax.serve.app import make_server
 from eagle_jax.serve.cli import add_arguments
-from eagle_jax.serve.slots import SlotEngine, _depths, _DraftPolicy, fitting_max_len
 from eagle_jax.spec import loop
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
            "The largest planet is", "Water boils at", "My favourite colour is"]
-SLOTS = 3
+ROWS = 3
 CHUNK = 16  # prompt tokens prefilled a call
 
 
 def _engine(gen):
     # Drafting at every step (adaptive=False): the tests below check the drafts' statistics;
     # test_steps_that_change_the_draft_depth checks an adaptive engine's switching.
-    return SlotEngine(gen, slots=SLOTS, max_len=256, speculative=gen.speculative, adaptive=False,
+    return Engine(gen, max_rows=ROWS, max_len=256, speculative=gen.speculative, adaptive=False,
                       prefill_chunk=CHUNK, prefill_budget=CHUNK)
 
 
@@ -51,7 +50,7 @@ def plain(smollm2_target):
 
 
 def _speculative(t, spec: SpecConfig):
-    """A Generator with the bundled drafter and its slot engine, then the engine closed."""
+    """A Generator with the bundled drafter and its engine, then the engine closed."""
     drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
     gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=spec)
     engine = _engine(gen)
@@ -109,7 +108,7 @@ def _check_alone(gen, prompt, max_tokens, text, done, **kw):
 def test_warm_up_is_reported(served):
     gen, engine = served
     info = engine.info()
-    assert info["engine"] == "slots" and info["slots"] == SLOTS and info["prefill_chunk"] == CHUNK
+    assert info["engine"] == "continuous" and info["max_rows"] == ROWS and info["prefill_chunk"] == CHUNK
     assert info["row_buckets"] == [1, 2, 3]
     assert info["warmup_s"] > 0
     assert info["method"] == (gen.spec.method if gen.speculative else "plain")
@@ -124,8 +123,7 @@ def test_staggered_greedy_requests_match_each_alone(any_method):
         tasks = []
         for p in prompts:
             started = asyncio.Event()
-            tasks.append(asyncio.create_task(_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=16),
-                                                                    stream=True), started)))
+            tasks.append(asyncio.create_task(_collect(engine.submit(_ids(gen, p), Sampling(max_new_tokens=16)), started)))
             await started.wait()
         return await asyncio.gather(*tasks)
 
@@ -138,12 +136,12 @@ def test_staggered_greedy_requests_match_each_alone(any_method):
     if gen.speculative:
         for _, done in outs:
             s = done.spec
-            assert s.drafts >= 1 and 0 <= s.accepted <= s.draft_tokens == s.drafts * gen.spec.depth
-            assert s.per_position[0] <= s.drafts and sorted(s.per_position, reverse=True) == s.per_position
+            assert s.verify_steps >= 1 and 0 <= s.accepted <= s.draft_tokens == s.verify_steps * gen.spec.depth
+            assert s.per_position[0] <= s.verify_steps and sorted(s.per_position, reverse=True) == s.per_position
 
 
 def test_a_lone_request_steps_one_row(plain, monkeypatch):
-    """A request alone runs in slot 0 and each step covers that row only, not every slot."""
+    """A request alone runs in row 0 and each step covers that row only, not every row."""
     gen, engine = plain
     rows, step = [], loop.step_rows_jit
 
@@ -153,11 +151,11 @@ def test_a_lone_request_steps_one_row(plain, monkeypatch):
 
     monkeypatch.setattr(loop, "step_rows_jit", spy)
     async def alone():
-        return await _collect(engine.submit(_ids(gen, PROMPTS[2]), Sampling(max_tokens=8), stream=True))
+        return await _collect(engine.submit(_ids(gen, PROMPTS[2]), Sampling(max_new_tokens=8)))
 
     text, done = asyncio.run(alone())
     _check_alone(gen, PROMPTS[2], 8, text, done)
-    assert done.extra["slot"] == 0 and rows and set(rows) == {1}
+    assert done.extra["row"] == 0 and rows and set(rows) == {1}
 
 
 def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, monkeypatch):
@@ -180,10 +178,10 @@ def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, m
 
     async def scenario():
         started = asyncio.Event()
-        first = asyncio.create_task(_collect(engine.submit(_ids(gen, running), Sampling(max_tokens=40), stream=True),
+        first = asyncio.create_task(_collect(engine.submit(_ids(gen, running), Sampling(max_new_tokens=40)),
                                              started))
         await started.wait()
-        second = await _collect(engine.submit(_ids(gen, newcomer), Sampling(max_tokens=8), stream=True))
+        second = await _collect(engine.submit(_ids(gen, newcomer), Sampling(max_new_tokens=8)))
         return await first, second
 
     (text, done), (text2, done2) = asyncio.run(scenario())
@@ -193,28 +191,28 @@ def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, m
     assert all("step" in calls[a:b] for a, b in zip(where, where[1:]))
 
 
-def test_cancel_mid_way_leaves_the_others_and_frees_the_slot(chain):
+def test_cancel_mid_way_leaves_the_others_and_frees_the_row(chain):
     gen, engine = chain
     long, other, later = PROMPTS[3], PROMPTS[0], PROMPTS[1]
 
     async def scenario():
         started = asyncio.Event()
-        victim = engine.submit(_ids(gen, long), Sampling(max_tokens=200), stream=True)
+        victim = engine.submit(_ids(gen, long), Sampling(max_new_tokens=200))
         victim_task = asyncio.create_task(_collect(victim, started))
         await started.wait()
         other_started = asyncio.Event()
-        rest = asyncio.create_task(_collect(engine.submit(_ids(gen, other), Sampling(max_tokens=16), stream=True),
+        rest = asyncio.create_task(_collect(engine.submit(_ids(gen, other), Sampling(max_new_tokens=16)),
                                             other_started))
-        await other_started.wait()  # both rows hold slots now
+        await other_started.wait()  # both requests hold rows now
         victim.cancel()
         cancelled = await victim_task
-        after = await _collect(engine.submit(_ids(gen, later), Sampling(max_tokens=16), stream=True))
+        after = await _collect(engine.submit(_ids(gen, later), Sampling(max_new_tokens=16)))
         return cancelled, await rest, after
 
     (_, aborted), (text, done), (text2, done2) = asyncio.run(scenario())
     assert aborted.finish_reason == "abort" and aborted.completion_tokens < 200
     _check_alone(gen, other, 16, text, done)
-    assert done2.extra["slot"] == aborted.extra["slot"]  # the freed slot, reused
+    assert done2.extra["row"] == aborted.extra["row"]  # the freed row, reused
     _check_alone(gen, later, 16, text2, done2)
 
 
@@ -224,8 +222,7 @@ def test_stop_string_ends_the_row_at_its_step(chain):
     stop = [" 7"]
 
     async def scenario():
-        return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_tokens=200, stop=tuple(stop)),
-                                            stream=True))
+        return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_new_tokens=200, stop=tuple(stop))))
 
     text, done = asyncio.run(scenario())
     ref = _alone(gen, prompt, 24, stop=stop)
@@ -233,7 +230,7 @@ def test_stop_string_ends_the_row_at_its_step(chain):
     assert done.finish_reason == "stop" and text == ref.texts[0] and " 7" not in text
     assert done.completion_tokens == len(ref.token_ids[0])
     # The row stopped on the device at that step: one step or so per token shown, not 200 tokens' worth.
-    assert done.spec.drafts <= done.completion_tokens + 1
+    assert done.spec.verify_steps <= done.completion_tokens + 1
 
 
 def test_new_sampling_settings_compile_nothing(served):
@@ -246,11 +243,11 @@ def test_new_sampling_settings_compile_nothing(served):
 
     jitted = (loop.prompt_chunk_jit, loop.start_row_jit, loop.step_rows_jit, loop.insert_jit)
     sizes = [f._cache_size() for f in jitted]
-    settings = [Sampling(max_tokens=12, temperature=0.73, top_p=0.91, top_k=17, seed=5),
-                Sampling(max_tokens=12, temperature=1.3, seed=11, seed_stream=2), Sampling(max_tokens=12)]
+    settings = [Sampling(max_new_tokens=12, temperature=0.73, top_p=0.91, top_k=17, seed=5),
+                Sampling(max_new_tokens=12, temperature=1.3, seed=11, seed_stream=2), Sampling(max_new_tokens=12)]
 
     async def scenario():
-        return await asyncio.gather(*(_collect(engine.submit(_ids(gen, PROMPTS[i]), s, stream=True))
+        return await asyncio.gather(*(_collect(engine.submit(_ids(gen, PROMPTS[i]), s))
                                       for i, s in enumerate(settings)))
 
     jax.monitoring.register_event_duration_secs_listener(listen)
@@ -266,16 +263,16 @@ def test_new_sampling_settings_compile_nothing(served):
         # A row samples from its own key: what it would sample alone.
         _check_alone(gen, PROMPTS[i], 12, text, done, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                      seed=[(s.seed, s.seed_stream)])
-    # The slots, free again, ask for no filter: a free row makes no later step run top-k / top-p.
+    # The rows, free again, ask for no filter: a free row makes no later step run top-k / top-p.
     free = jax.tree.map(np.asarray, engine._state.sampling)
     assert (free.temperature == 0).all() and (free.top_k == 0).all() and (free.top_p == 1).all()
 
 
-def test_more_requests_than_slots_queue_and_complete(plain):
+def test_more_requests_than_rows_queue_and_complete(plain):
     gen, engine = plain
 
     async def scenario():
-        reqs = [engine.submit(_ids(gen, p), Sampling(max_tokens=8), stream=False) for p in PROMPTS]
+        reqs = [engine.submit(_ids(gen, p), Sampling(max_new_tokens=8)) for p in PROMPTS]
         waiting = engine.load()[1]
         return waiting, await asyncio.gather(*(_collect(r) for r in reqs))
 
@@ -283,24 +280,24 @@ def test_more_requests_than_slots_queue_and_complete(plain):
     assert waiting >= 1 and engine.load() == (0, 0)
     for p, (text, done) in zip(PROMPTS, outs):
         _check_alone(gen, p, 8, text, done)
-        assert done.extra["batch_size"] <= SLOTS
+        assert done.extra["batch_size"] <= ROWS
     assert max(done.extra["queue_s"] for _, done in outs) > 0
 
 
 def test_served_through_the_openai_client(chain):
-    """`eagle-jax serve --max-batch N`: make_server builds an N-slot engine; answers equal the Generator's alone."""
+    """`eagle-jax serve --max-batch N`: make_server builds an N-row engine; answers equal the Generator's alone."""
     gen, _ = chain
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--max-batch", str(SLOTS), "--max-len", "256", "--fixed-draft-depth"])
-    assert (args.max_batch, args.max_len, args.fixed_draft_depth) == (SLOTS, 256, True)
+    args = parser.parse_args(["--max-batch", str(ROWS), "--max-len", "256", "--fixed-draft-depth"])
+    assert (args.max_batch, args.max_len, args.fixed_draft_depth) == (ROWS, 256, True)
     server = make_server(gen, "127.0.0.1", 0, model_name="smollm2", draft_name="default",
                          max_batch=args.max_batch, max_len=args.max_len, adaptive=not args.fixed_draft_depth)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         health = json.loads(urllib.request.urlopen(url + "/health").read())
-        assert health["engine"] == "slots" and health["draft"] == "default" and health["warmup_s"] > 0
+        assert health["engine"] == "continuous" and health["draft"] == "default" and health["warmup_s"] > 0
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
         questions = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French."]
         answers = [None] * len(questions)
@@ -336,7 +333,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(plain, monkeypa
         raise RuntimeError("device lost")
 
     async def ask(prompt):
-        return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_tokens=8), stream=True))
+        return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_new_tokens=8)))
 
     monkeypatch.setattr(loop, "step_rows_jit", broken)
     with pytest.raises(EngineError, match="device lost"):
@@ -365,7 +362,7 @@ class _Cycle:
 def adaptive(chain):
     """An adaptive engine (its plain steps leave the drafter behind) on the chain fixture's Generator."""
     gen, _ = chain
-    engine = SlotEngine(gen, slots=2, max_len=256, prefill_chunk=CHUNK, speculative=True)
+    engine = Engine(gen, max_rows=2, max_len=256, prefill_chunk=CHUNK, speculative=True)
     yield gen, engine
     engine.close()
 
@@ -377,7 +374,7 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
     gen, engine = adaptive
     assert engine.lc.catch_up_width and engine.info()["adaptive"]
     # The warm-up's step times, as the policy weighs them: every row bucket at every depth, and its catch-up.
-    depths = [0, *_depths(gen.spec.depth)]
+    depths = [0, *draft_depths(gen.spec.depth)]
     kinds = [*depths, "catch_up", *(f"{d}+filter" for d in depths)]  # with top-k / top-p rows too
     assert engine.info()["step_ms"].keys() == {f"{r}x{k}" for r in engine.row_buckets for k in kinds}
     assert all(ms > 0 for ms in engine.info()["step_ms"].values())
@@ -386,7 +383,7 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
     before, catch_ups = dict(engine.info()["steps"]), engine.info()["catch_ups"]
 
     async def both():
-        return await asyncio.gather(*[_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=24), stream=True))
+        return await asyncio.gather(*[_collect(engine.submit(_ids(gen, p), Sampling(max_new_tokens=24)))
                                       for p in PROMPTS[:2]])
 
     outs = asyncio.run(both())
@@ -401,7 +398,7 @@ def test_steps_that_change_the_draft_depth(adaptive, monkeypatch):
     assert all(c == 1 for _, d, counts in policy.seen if d == 0 for c in counts)
     # Each request's draft tokens are the sum of its steps' depths: more than one a step, fewer than the deepest.
     for _, done in outs:
-        assert done.spec.drafts < done.spec.draft_tokens < done.spec.drafts * gen.spec.depth
+        assert done.spec.verify_steps < done.spec.draft_tokens < done.spec.verify_steps * gen.spec.depth
 
 
 class _Deepest(_Cycle):
@@ -432,8 +429,8 @@ def test_no_drafting_starts_while_a_prompt_is_joining(adaptive, monkeypatch):
 
     async def both():
         with engine._wake:  # both queued before the loop thread admits either: they arrive together
-            reqs = [engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_tokens=16), stream=True),
-                    engine.submit(_ids(gen, long), Sampling(max_tokens=8), stream=True)]
+            reqs = [engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_new_tokens=16)),
+                    engine.submit(_ids(gen, long), Sampling(max_new_tokens=8))]
         return await asyncio.gather(*map(_collect, reqs))
 
     before = engine.catch_ups
@@ -454,32 +451,31 @@ def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_targe
     t = smollm2_target
     drafter = load_drafter_by_name("default", t.cfg, "smollm2-135m-instruct", dtype="float32")
     gen = Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=SpecConfig(disable_by_batch_size=1))
-    engine = SlotEngine(gen, slots=2, max_len=256, adaptive=False, prefill_chunk=CHUNK)
+    engine = Engine(gen, max_rows=2, max_len=256, adaptive=False, prefill_chunk=CHUNK)
     try:
         assert engine.lc.speculative and engine.info()["disable_by_batch_size"] == 1
         seen, step = [], loop.step_rows_jit
 
         def spy(*args, **kwargs):
-            seen.append((len(engine._rows), kwargs["depth"]))
+            seen.append((len(engine._jobs), kwargs["depth"]))
             return step(*args, **kwargs)
 
         monkeypatch.setattr(loop, "step_rows_jit", spy)
 
         async def scenario():
             started = asyncio.Event()
-            first = asyncio.create_task(_collect(engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_tokens=32),
-                                                               stream=True), started))
+            first = asyncio.create_task(_collect(engine.submit(_ids(gen, PROMPTS[0]), Sampling(max_new_tokens=32)), started))
             await started.wait()
-            second = await _collect(engine.submit(_ids(gen, PROMPTS[1]), Sampling(max_tokens=6), stream=True))
+            second = await _collect(engine.submit(_ids(gen, PROMPTS[1]), Sampling(max_new_tokens=6)))
             return [await first, second]
 
         outs = asyncio.run(scenario())
 
         async def together_then_alone():
-            pair = await asyncio.gather(*(_collect(engine.submit(_ids(gen, p), Sampling(max_tokens=24), stream=True))
+            pair = await asyncio.gather(*(_collect(engine.submit(_ids(gen, p), Sampling(max_new_tokens=24)))
                                           for p in PROMPTS[2:4]))
             before = engine.catch_ups
-            alone = await _collect(engine.submit(_ids(gen, PROMPTS[4]), Sampling(max_tokens=4), stream=True))
+            alone = await _collect(engine.submit(_ids(gen, PROMPTS[4]), Sampling(max_new_tokens=4)))
             return pair, engine.catch_ups - before, alone
 
         pair, catch_ups, alone = asyncio.run(together_then_alone())
@@ -492,7 +488,7 @@ def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_targe
     # Every step the pair shared was plain (above); one of them may still draft in a step it ran alone,
     # before the other's prefill joined (scheduling order). The lone request after them catches its
     # drafter up over its own prompt only, not over the pair's plain steps as well.
-    assert pair[0][1].spec.drafts + pair[1][1].spec.drafts <= sum(1 for n, d in seen if n == 1 and d > 0)
+    assert pair[0][1].spec.verify_steps + pair[1][1].spec.verify_steps <= sum(1 for n, d in seen if n == 1 and d > 0)
     assert catch_ups == -(-len(_ids(gen, PROMPTS[4])) // engine.lc.catch_up_width)
 
 
@@ -503,7 +499,7 @@ def test_disable_by_batch_size_auto_leaves_an_adaptive_engine_uncapped(chain, mo
     monkeypatch.setattr(eagle_jax.generate, "default_disable_by_batch_size", lambda: 1)
     assert gen.spec.disable_by_batch_size == "auto" and gen.disable_by_batch_size == 1
     for adaptive, cap in ((True, None), (False, 1)):
-        engine = SlotEngine(gen, slots=2, max_len=256, prefill_chunk=CHUNK, adaptive=adaptive)
+        engine = Engine(gen, max_rows=2, max_len=256, prefill_chunk=CHUNK, adaptive=adaptive)
         try:
             assert engine.lc.speculative and engine.info()["disable_by_batch_size"] == cap
             assert engine.info()["adaptive"] == adaptive
@@ -530,14 +526,14 @@ def test_fitting_max_len_holds_the_last_prefill_chunk_whole(plain):
 def test_draft_policy_picks_the_depth_with_the_most_tokens_per_second():
     costs = {(1, 0, False): 0.020, (1, 1, False): 0.025, (1, 2, False): 0.032,
              (4, 0, False): 0.030, (4, 1, False): 0.060, (4, 2, False): 0.085}
-    policy = _DraftPolicy(costs, deepest=2, probe=4)
+    policy = DraftPolicy(costs, deepest=2, probe=4)
     assert policy.accept == [0.5, 0.5]  # nothing measured: Laplace's prior
     policy.observe(4, 2, 0.090, [3, 2, 1, 2])  # 3 of 4 rows accepted past position 0, 1 of 4 past position 1
     assert policy.accept == pytest.approx([4 / 6, 2 / 6])
     # 4 rows: 1 / 30 ms, 1.67 / 60 ms, 2 / 85 ms (3 / 85 ms if all were accepted); 1 row: 1 / 20, 1.67 / 25, 2 / 32.
     assert [policy.choose(4) for _ in range(12)] == [0, 0, 0, 2] + [0] * 7 + [2]  # probes after 4, then 8
     assert policy.choose(1) == 1
-    slow = _DraftPolicy({(16, 0, False): 0.060, (16, 2, False): 0.200}, deepest=2, probe=4)  # 3/200 ms < 1/60 ms
+    slow = DraftPolicy({(16, 0, False): 0.060, (16, 2, False): 0.200}, deepest=2, probe=4)  # 3/200 ms < 1/60 ms
     assert [slow.choose(16) for _ in range(12)] == [0] * 12  # no probe can pay: none is made
     policy.observe(4, 0, 0.200, [1, 1])  # a plain step runs slow (the machine is busy): every depth slows
     assert policy.load == pytest.approx(0.8 * (0.8 + 0.2 * 0.090 / 0.085) + 0.2 * 0.200 / 0.030)
@@ -554,7 +550,7 @@ def test_draft_policy_weighs_the_step_times_of_filtering_rows_apart():
     """Top-k / top-p filters run only in steps where some row asks for them, and cost a drafting
     step (more positions) more than a plain one: the policy weighs the times that apply."""
     costs = {(4, 0, False): 0.053, (4, 2, False): 0.075, (4, 0, True): 0.060, (4, 2, True): 0.110}
-    policy = _DraftPolicy(costs, deepest=2, probe=1000)
+    policy = DraftPolicy(costs, deepest=2, probe=1000)
     for _ in range(10):
         policy.observe(4, 2, 0.075, [2, 2, 1, 2])  # 1.75 tokens a step
     assert policy.choose(4) == 2  # 75 ms / 1.75 beats 53 ms
@@ -565,7 +561,7 @@ def test_draft_policy_weighs_the_step_times_of_filtering_rows_apart():
 
 def test_draft_policy_probes_only_where_a_probe_with_its_catch_up_could_win():
     costs = {(4, 0, False): 0.044, (4, 1, False): 0.072, (4, 3, False): 0.122, (4, "catch_up"): 0.0125}
-    policy = _DraftPolicy(costs, deepest=3, probe=2)
+    policy = DraftPolicy(costs, deepest=3, probe=2)
     for _ in range(10):
         policy.observe(4, 1, 0.072, [2, 1, 1, 2])  # half the first drafts accepted: plain wins
     # 4 tokens a row for 122 ms + 10 catch-up calls (4 new prompts) lose to 44 ms a token: no probe
@@ -577,7 +573,7 @@ def test_draft_policy_probes_only_where_a_probe_with_its_catch_up_could_win():
 def test_draft_policy_tries_drafting_again_after_a_plain_spell():
     """Rows that accepted nothing make one row plain; the counts age over the plain steps that
     follow, back towards the prior, until drafting wins again (new rows may accept more)."""
-    policy = _DraftPolicy({(1, 0, False): 0.020, (1, 1, False): 0.026}, deepest=1, probe=1000)
+    policy = DraftPolicy({(1, 0, False): 0.020, (1, 1, False): 0.026}, deepest=1, probe=1000)
     for _ in range(20):
         policy.observe(1, 1, 0.026, [1])  # no draft accepted: 1 token / 26 ms
     assert policy.choose(1) == 0
@@ -589,7 +585,7 @@ def test_draft_policy_tries_drafting_again_after_a_plain_spell():
 
 
 def test_draft_policy_spreads_a_catch_up_over_the_tokens_left():
-    policy = _DraftPolicy({(1, 0, False): 0.020, (1, 1, False): 0.025, (1, "catch_up"): 0.010}, deepest=1,
+    policy = DraftPolicy({(1, 0, False): 0.020, (1, 1, False): 0.025, (1, "catch_up"): 0.010}, deepest=1,
                           probe=1000)
     for _ in range(20):
         policy.observe(1, 1, 0.025, [2])  # every draft accepted: about 1.95 tokens a step
@@ -597,3 +593,26 @@ def test_draft_policy_spreads_a_catch_up_over_the_tokens_left():
     # 13 catch-up calls behind (a 200-token prompt): 130 ms spread over 8 tokens left loses, over 200 wins
     assert policy.choose(1, catch_up_calls=13, horizon=8) == 0
     assert policy.choose(1, catch_up_calls=13, horizon=200) == 1
+
+
+def test_a_thread_iterates_its_request(plain):
+    """Outside an event loop a request's events are iterated (regenerate's and scripts' way),
+    and the text equals the Generator's alone."""
+    gen, engine = plain
+    req = engine.submit(_ids(gen, PROMPTS[1]), Sampling(max_new_tokens=8))
+    events = list(req)
+    text = "".join(e.text for e in events if isinstance(e, Delta))
+    _check_alone(gen, PROMPTS[1], 8, text, events[-1])
+    with pytest.raises(RuntimeError, match="outside an event loop"):
+        asyncio.run(anext(req.events()))
+
+
+def test_bad_sampling_is_refused_when_made():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        Sampling(max_new_tokens=0)
+    with pytest.raises(ValueError, match="seed"):
+        Sampling(max_new_tokens=4, seed=-1)
+    with pytest.raises(ValueError, match="stop"):
+        Sampling(max_new_tokens=4, stop="END")
+    with pytest.raises(ValueError, match="temperature"):
+        Sampling(max_new_tokens=4, temperature=-1.0)
