@@ -59,7 +59,7 @@ class GenerationResult:
         return summarize(self.spec_stats, rows=list(rows)) if self.spec_stats is not None else {}
 
 
-def _bucket(n: int, chunk: int) -> int:
+def padded_prompt_len(n: int, chunk: int) -> int:
     """Padded prompt length: the least of 16, 24, 32, 48, ... (powers of two and 1.5 times
     them) that holds n, up to `chunk`, then multiples of it. Prefill costs in proportion to
     the padded length on CPU: this pads at most a third (powers of two alone: up to half)."""
@@ -209,7 +209,7 @@ class Generator:
         lc = self._loop_config(self.speculates(b))
         lens = [len(x) for x in ids]
         min_p, min_cache, min_out = self.min_shapes
-        p = _bucket(max(max(lens), min_p), self.prefill_chunk)
+        p = padded_prompt_len(max(max(lens), min_p), self.prefill_chunk)
         tokens = np.zeros((b, p), np.int32)
         for r, x in enumerate(ids):
             tokens[r, :len(x)] = x

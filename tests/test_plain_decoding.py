@@ -185,10 +185,10 @@ def test_eos_and_per_row_max_new_tokens(gen, greedy_batch):
 
 
 def test_prompt_buckets_hold_the_prompt_and_pad_at_most_a_third():
-    from eagle_jax.generate import _bucket
+    from eagle_jax.generate import padded_prompt_len
 
-    sizes = {_bucket(n, 512) for n in range(1, 513)}
+    sizes = {padded_prompt_len(n, 512) for n in range(1, 513)}
     assert sizes == {16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}
     for n in range(1, 2000):
-        b = _bucket(n, 512)
+        b = padded_prompt_len(n, 512)
         assert b >= n and (b <= max(16, 1.5 * n) if n <= 512 else b % 512 == 0 and b - n < 512)

@@ -206,9 +206,9 @@ class EagleEngine:
 
 
 def prompt_bucket(n: int, chunk: int = 512) -> int:
-    from eagle_jax.generate import _bucket
+    from eagle_jax.generate import padded_prompt_len
 
-    return _bucket(n, chunk)
+    return padded_prompt_len(n, chunk)
 
 
 # ----------------------------------------------------------------------------- workloads

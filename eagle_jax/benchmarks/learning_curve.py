@@ -141,11 +141,11 @@ def measure_tau(tcfg, tparams, tokenizer, bundle, prompts: dict[str, list[str]],
 
     Every prompt runs alone (batch 1); all share one compiled prompt width.
     """
-    from eagle_jax.generate import Generator, _bucket
+    from eagle_jax.generate import Generator, padded_prompt_len
 
     gen = Generator(tcfg, tparams, tokenizer, drafter=bundle, spec=spec)
     ids = {name: gen.encode_prompts(texts) for name, texts in prompts.items()}
-    gen.min_shapes = (_bucket(max(len(x) for v in ids.values() for x in v), gen.prefill_chunk), 0, 0)
+    gen.min_shapes = (padded_prompt_len(max(len(x) for v in ids.values() for x in v), gen.prefill_chunk), 0, 0)
     stats = {name: [gen.generate([x], max_new_tokens=max_new_tokens).stats for x in v] for name, v in ids.items()}
     out = {name: _acceptance(s) for name, s in stats.items()}
     out["all"] = _acceptance([s for v in stats.values() for s in v])

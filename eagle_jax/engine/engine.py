@@ -287,7 +287,7 @@ class Engine:
             self._behind = max(self._behind if self._jobs else 0, f.prompt_len)
         return True
 
-    def _bucket(self) -> int:
+    def _row_bucket(self) -> int:
         """The row bucket that holds every occupied row."""
         top = max(self._jobs) + 1
         return next(b for b in self.row_buckets if b >= top)
@@ -393,7 +393,7 @@ class Engine:
         if started:
             self._observe()
         if self._jobs:
-            rows, filtered = self._bucket(), self._filtered()  # the rows this step runs over, before any ends
+            rows, filtered = self._row_bucket(), self._filtered()  # the rows this step runs over, before any ends
             if self.draft_rows is not None and len(self._jobs) > self.draft_rows:
                 depth = 0
             elif self._policy and self._filling and self._catch_up_calls():

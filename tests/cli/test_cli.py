@@ -357,7 +357,7 @@ def test_python_m_runs_from_the_checkout_root():
     """`python -m` from the checkout puts its root on sys.path: nothing there may shadow an
     installed package (a top-level kernels/ once shadowed the `kernels` package transformers
     imports), so the CLI runs without -P."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
     r = subprocess.run([sys.executable, "-m", "eagle_jax.cli", "convert", "--help"], cwd=root, env=env,
                        capture_output=True, text=True, timeout=120)
