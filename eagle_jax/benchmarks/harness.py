@@ -53,7 +53,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from eagle_jax.benchmarks.datasets import Prompt
-from eagle_jax.runtime import cpu_model, describe_machine, machine_info  # noqa: F401 - re-exported
+from eagle_jax.runtime import machine_info
 
 # Results go under the working directory (in a checkout: the committed benchmarks/results/ data
 # folder), never inside the installed package; every command takes --output-dir.

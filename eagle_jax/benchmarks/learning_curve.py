@@ -42,8 +42,9 @@ import sys
 import time
 from pathlib import Path
 
-from eagle_jax.benchmarks.harness import RESULTS_DIR, _aggregate_acceptance, command_line, machine_info
+from eagle_jax.benchmarks.harness import RESULTS_DIR, _aggregate_acceptance, command_line
 from eagle_jax.config import SpecConfig
+from eagle_jax.runtime import machine_info
 
 __all__ = ["HELDOUT_SET", "CURVE_FILE", "ENGINES", "ALWAYS_MEASURED", "make_heldout_set", "write_heldout_set",
            "read_heldout_set", "measure_tau", "measure", "make_point", "validate_point", "append_point",

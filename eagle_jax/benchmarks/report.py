@@ -20,7 +20,8 @@ import json
 import os
 import sys
 
-from eagle_jax.benchmarks.harness import RESULTS_DIR, describe_machine, machine_slug
+from eagle_jax.benchmarks.harness import RESULTS_DIR, machine_slug
+from eagle_jax.runtime import describe_machine
 
 DEFAULT_DOCS = os.path.join("docs", "benchmarks.md")  # under the working directory (a checkout's docs/)
 ANALYSIS_FILE = "analysis.md"

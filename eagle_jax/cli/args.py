@@ -22,7 +22,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="default",
                    help="drafter dir or bundled name; 'default' = bundled drafter of the target; 'none' = plain")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="default: bfloat16 (f32 accumulation) on GPU/TPU and on CPU when the native kernels run, else float32")
+                   help="default: bfloat16 (f32 accumulation) on GPU/TPU and on CPU when the native kernels run, "
+                        "else float32")
     p.add_argument("--method", choices=["chain", "tree"], default=SpecConfig.method)
     p.add_argument("--num-speculative-tokens", type=int, default=None,
                    help=f"chain length k, 1..{MAX_CHAIN_TOKENS} (default {SpecConfig.num_speculative_tokens}; "

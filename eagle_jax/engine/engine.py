@@ -1,6 +1,6 @@
 """The decoding engine: continuous batching over a fixed set of rows that requests join and
-leave between steps. Every client decodes through it: the HTTP server (serve/), `regenerate`
-(train/) and the serving benchmarks.
+leave between steps. Its clients: the HTTP server (serve/), `regenerate` (train/) and the
+serving benchmarks (`Generator.generate` still runs its static batch through spec/loop.py).
 
     engine = Engine(generator, max_rows=4, max_len=1024)   # compiles its programs before it returns
     req = engine.submit(prompt_ids, Sampling(max_new_tokens=64))
@@ -75,7 +75,7 @@ import numpy as np
 
 from eagle_jax.engine.policy import DraftPolicy, draft_depths
 from eagle_jax.engine.request import (FINISH_REASONS, Delta, Done, EngineError, Request, Sampling,
-                                      sampling_arrays, spec_counts)
+                                      sampling_arrays, spec_counts, to_device)
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.stops import StreamText
@@ -180,7 +180,8 @@ class Engine:
         self._state = self._empty()
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
         capped = self.draft_rows is not None and self.draft_rows < max_rows
-        depths = (0,) + draft_depths(self.depth) if adaptive else tuple(sorted({0, self.depth} if capped else {self.depth}))
+        fixed = {0, self.depth} if capped else {self.depth}
+        depths = (0,) + draft_depths(self.depth) if adaptive else tuple(sorted(fixed))
         self._costs = self._warm_up(depths)
         if adaptive:
             self._policy = DraftPolicy(self._costs, self.depth)
@@ -192,7 +193,8 @@ class Engine:
 
     def info(self) -> dict:
         return {"draft": self.draft, "method": self.lc.spec.method if self.lc.speculative else "plain",
-                "engine": "continuous", "max_rows": self.max_rows, "row_buckets": self.row_buckets, "max_len": self.max_len,
+                "engine": "continuous", "max_rows": self.max_rows, "row_buckets": self.row_buckets,
+                "max_len": self.max_len,
                 "warmup_s": round(self.warmup_s, 2), "prefill_chunk": self.prefill_chunk,
                 "prefill_budget": self.prefill_budget,
                 "adaptive": self._policy is not None, "disable_by_batch_size": self.draft_rows,
@@ -270,18 +272,17 @@ class Engine:
         state. Whether the prompt is done (its row runs from the next step on)."""
         c = self.prefill_chunk
         f.tcache, f.feats, f.hidden = loop.prompt_chunk_jit(
-            self.gen.target_params, _put(f.tokens[:, f.done:f.done + c], np.int32), _put([f.done], np.int32),
-            f.tcache, f.feats, lc=self.lc)
+            self.gen.target_params, to_device(f.tokens[:, f.done:f.done + c], np.int32),
+            to_device([f.done], np.int32), f.tcache, f.feats, lc=self.lc)
         f.done += c
         if f.done < f.prompt_len:
             return False
         s = f.sampling
         max_new = min(s.max_new_tokens, self.context_limit - f.prompt_len)
-        keys = _keys_jit(_put([s.seed], np.int32), _put([s.seed_stream], np.int32))
-        one = loop.start_row_jit(self.gen.target_params, f.hidden, _put(f.tokens, np.int32),
-                                 _put([f.prompt_len], np.int32), _put([max_new], np.int32), keys,
-                                 sampling_arrays([s]),
-                                 f.tcache, f.dcache, f.feats, lc=self.lc, out_width=self.width)
+        keys = _keys_jit(to_device([s.seed], np.int32), to_device([s.seed_stream], np.int32))
+        one = loop.start_row_jit(self.gen.target_params, f.hidden, to_device(f.tokens, np.int32),
+                                 to_device([f.prompt_len], np.int32), to_device([max_new], np.int32), keys,
+                                 sampling_arrays([s]), f.tcache, f.dcache, f.feats, lc=self.lc, out_width=self.width)
         self._state = loop.insert_jit(self._state, one, f.row)
         if self.lc.catch_up_width:  # with no row running, only the newcomers' lag counts
             self._behind = max(self._behind if self._jobs else 0, f.prompt_len)
@@ -319,7 +320,7 @@ class Engine:
         if rows:
             mask = np.zeros((self.max_rows,), bool)
             mask[rows] = True
-            self._state = loop.finish_rows_jit(self._state, _put(mask, bool))
+            self._state = loop.finish_rows_jit(self._state, to_device(mask, bool))
 
     def _warm_up(self, depths: tuple[int, ...], rounds: int = 4) -> dict:
         """Compile and run once: a prefill (a chunk, first token and insert), the step of
@@ -450,7 +451,7 @@ class Engine:
         start = np.zeros((self.max_rows,), np.int32)
         for row, job in self._jobs.items():
             start[row] = len(job.toks)
-        n, done, new, stats = jax.tree.map(np.asarray, _read(self._state, _put(start, np.int32),
+        n, done, new, stats = jax.tree.map(np.asarray, _read(self._state, to_device(start, np.int32),
                                                              width=self.lc.tokens_per_step))
         now = time.monotonic()
         ended = {}  # row -> its Done
@@ -521,8 +522,3 @@ def fitting_max_len(gen, prompt_tokens: int, new_tokens: int, prefill_chunk: int
     scratch = _row_config(gen, gen.speculative).cache_scratch
     need = max(prompt_tokens + new_tokens + scratch, -(-prompt_tokens // prefill_chunk) * prefill_chunk)
     return 64 * -(-need // 64)
-
-
-def _put(x, dtype) -> jax.Array:
-    """Host values onto the device (a transfer: unlike jnp.asarray, it compiles nothing per new shape)."""
-    return jax.device_put(np.asarray(x, dtype))

@@ -35,7 +35,7 @@ import numpy as np
 from eagle_jax.config import SamplingConfig
 from eagle_jax.spec.sampling import SamplingParams
 
-__all__ = ["Sampling", "sampling_arrays", "Delta", "Done", "SpecCounts", "Request", "EngineError",
+__all__ = ["Sampling", "sampling_arrays", "to_device", "Delta", "Done", "SpecCounts", "Request", "EngineError",
            "FINISH_REASONS", "spec_counts"]
 
 # The engine's reasons for ending a row, as the OpenAI API names them.
@@ -83,10 +83,14 @@ def sampling_arrays(rows: Sequence[Sampling]) -> SamplingParams:
     """The per-row sampling arrays of some rows ([B] each; greedy rows have temperature 0),
     always arrays, greedy included: one program for every setting."""
     configs = [s.config() for s in rows]
-    put = lambda xs, dtype: jax.device_put(np.asarray(xs, dtype))  # a transfer: compiles nothing per shape
-    return SamplingParams(temperature=put([c.temperature for c in configs], np.float32),
-                          top_k=put([c.top_k for c in configs], np.int32),
-                          top_p=put([c.top_p for c in configs], np.float32))
+    return SamplingParams(temperature=to_device([c.temperature for c in configs], np.float32),
+                          top_k=to_device([c.top_k for c in configs], np.int32),
+                          top_p=to_device([c.top_p for c in configs], np.float32))
+
+
+def to_device(x, dtype) -> jax.Array:
+    """Host values onto the device (a transfer: unlike jnp.asarray, it compiles nothing per new shape)."""
+    return jax.device_put(np.asarray(x, dtype))
 
 
 @dataclass
