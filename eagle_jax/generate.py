@@ -14,25 +14,24 @@ Prompts are strings (chat-templated unless `chat=False`) or token-id lists.
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import ConfigError, DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.engine.batch import BatchOutput, run_batch
+from eagle_jax.engine.engine import Engine, fitting_max_len
+from eagle_jax.engine.request import Done, Request, Sampling
 from eagle_jax.kernels import resolve_impl
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
-from eagle_jax.sharding import MeshShape, make_mesh, shard_cache, shard_model, to_host
+from eagle_jax.sharding import MeshShape, make_mesh, shard_model
 from eagle_jax.spec import loop
-from eagle_jax.spec.sampling import SamplingParams, row_keys
 from eagle_jax.spec.stats import SpecStats, summarize
-from eagle_jax.stops import StreamText, cut_at_stop
+from eagle_jax.stops import cut_at_stop
 
 
 class PromptError(ValueError):
@@ -57,16 +56,6 @@ class GenerationResult:
     def stats_of(self, rows: Sequence[int]) -> dict:
         """Acceptance statistics over some rows (as `stats` is over all of them)."""
         return summarize(self.spec_stats, rows=list(rows)) if self.spec_stats is not None else {}
-
-
-def padded_prompt_len(n: int, chunk: int) -> int:
-    """Padded prompt length: the least of 16, 24, 32, 48, ... (powers of two and 1.5 times
-    them) that holds n, up to `chunk`, then multiples of it. Prefill costs in proportion to
-    the padded length on CPU: this pads at most a third (powers of two alone: up to half)."""
-    if n > chunk:
-        return math.ceil(n / chunk) * chunk
-    p = 1 << math.ceil(math.log2(max(n, 16)))
-    return min(chunk, 3 * p // 4 if 3 * p // 4 >= n and p >= 32 else p)
 
 
 class Generator:
@@ -118,6 +107,7 @@ class Generator:
         # width): raising them lets requests of different sizes share one
         # compiled prefill and loop. Outputs do not depend on them.
         self.min_shapes = (0, 0, 0)
+        self._engine: Engine | None = None  # the one-row engine `stream` runs on, made by the first stream
 
     @classmethod
     def load(cls, target: str = "smollm2-135m-instruct", draft: str | None = "default", *,
@@ -186,42 +176,35 @@ class Generator:
             out.append(ids)
         return out
 
-    def _loop_config(self, speculate: bool) -> loop.LoopConfig:
+    def loop_config(self, speculate: bool) -> loop.LoopConfig:
+        """The static config of this generator's decoding programs, drafting or not."""
         return loop.LoopConfig(target=self.target_cfg, drafter=self.drafter_cfg if speculate else None,
                                spec=self.spec, eos_ids=self.eos_ids(),
                                context_limit=self.context_limit, prefill_chunk=self.prefill_chunk,
                                impl=self.impl)
 
-    def _prepare(self, prompts, max_new_tokens, sampling, seed, chat, stop):
-        """Validate everything, then allocate: (ids, lc, args, static, stops per row).
+    def drafter_for(self, lc: loop.LoopConfig):
+        """(drafter params, draft vocab) for a loop, None for both when it decodes plainly."""
+        return (self.drafter_params, self.vocab) if lc.speculative else (None, None)
 
-        sampling: (temperature, top_k, top_p), each one value for every row or one per prompt."""
-        ids = self.encode_prompts(prompts, chat)
-        b = len(ids)
-        stops = _row_stops(stop, b)
-        keys = _row_keys(seed, b)
-        params = SamplingParams.rows(_row_sampling(*sampling, b))
-        max_new = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(max_new) != b or any((not isinstance(m, int)) or m < 1 for m in max_new):
+    def requests(self, b: int, *, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0,
+                 stop=()) -> list[Sampling]:
+        """One `Sampling` per row from the API's arguments, each given once for every row or
+        once per row (stop: a list of strings, or one list per row). Seed: one int s (row r
+        draws from stream r of s), or per row an int s (stream 0 of s) or a (seed, stream)
+        pair. A row's samples depend on its pair only, so rows can be regrouped into other
+        batches unchanged."""
+        max_new = [max_new_tokens] * b if _is_int(max_new_tokens) else max_new_tokens
+        if (not isinstance(max_new, (list, tuple)) or len(max_new) != b
+                or any(not _is_int(m) or m < 1 for m in max_new)):
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
-        # No row can outgrow the context: capping here keeps the output buffer small.
-        max_new = [min(m, self.context_limit - len(x)) for m, x in zip(max_new, ids)]
-        lc = self._loop_config(self.speculates(b))
-        lens = [len(x) for x in ids]
-        min_p, min_cache, min_out = self.min_shapes
-        p = padded_prompt_len(max(max(lens), min_p), self.prefill_chunk)
-        tokens = np.zeros((b, p), np.int32)
-        for r, x in enumerate(ids):
-            tokens[r, :len(x)] = x
-        final = min(self.context_limit, max(n + m for n, m in zip(lens, max_new)))
-        cache_len = max(min_cache, 64 * math.ceil((max(p, final) + lc.cache_scratch) / 64))
-        out_width = max(min_out, 16 * math.ceil((max(max_new) + lc.tokens_per_step) / 16))
-        caches = loop.create_caches(lc, b, cache_len, self.target_params["embed"].dtype)
-        if self.mesh is not None:
-            caches = tuple(shard_cache(c, self.mesh) for c in caches)
-        args = (jnp.asarray(tokens), jnp.asarray(lens, jnp.int32), jnp.asarray(max_new, jnp.int32),
-                keys, params, *caches)
-        return ids, lc, args, dict(lc=lc, out_width=out_width), stops
+        temps, ks, ps = (_per_row(name, v, b) for name, v in
+                         (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)))
+        for t, k, p in zip(temps, ks, ps):  # a ConfigError names the bad setting
+            SamplingConfig(temperature=t, top_k=k, top_p=p)
+        return [Sampling(max_new_tokens=int(m), temperature=t, top_k=k, top_p=p, seed=s, seed_stream=r,
+                         stop=tuple(st))
+                for m, t, k, p, (s, r), st in zip(max_new, temps, ks, ps, _row_seeds(seed, b), _row_stops(stop, b))]
 
     # ------------------------------------------------------------------ running
 
@@ -229,7 +212,8 @@ class Generator:
                  top_k: int | Sequence[int] = 0, top_p: float | Sequence[float] = 1.0,
                  seed: int | Sequence[int] = 0, chat: bool = True,
                  stop: Sequence[str] | Sequence[Sequence[str]] = ()) -> GenerationResult:
-        """Generate for a batch of prompts in one compiled prefill + one compiled loop.
+        """Generate for a batch of prompts: the engine's static batch (engine/batch.py), one
+        compiled prefill and one compiled loop.
 
         max_new_tokens, temperature, top_k, top_p, seed and stop may be given
         once for all rows or one per prompt (stop: a list of string lists);
@@ -237,62 +221,49 @@ class Generator:
         settings are arrays of the compiled loop: changing them compiles
         nothing, except between "every row greedy" and not.
         """
-        ids, lc, args, static, stops = self._prepare(prompts, max_new_tokens, (temperature, top_k, top_p),
-                                                     seed, chat, stop)
-        t0 = time.perf_counter()
-        dparams, vocab = self._drafter_for(lc)
-        with self.mesh_scope():
-            state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
-            jax.block_until_ready(state.pending)
-            ttft = time.perf_counter() - t0
-            state = loop.run_jit(self.target_params, dparams, vocab, state, lc=lc)
-        out, gen, stats = to_host((state.out, state.num_generated, state.stats if lc.speculative else None))
-        wall = time.perf_counter() - t0
-        return self._result(ids, lc, out, gen, stats, ttft, wall, stops)
+        ids = self.encode_prompts(prompts, chat)
+        rows = self.requests(len(ids), max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, stop=stop)
+        return self._result(ids, rows, run_batch(self, ids, rows))
 
     def stream(self, prompt, *, max_new_tokens=128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, chat: bool = True,
                stop: Sequence[str] = ()) -> "TextStream":
-        """Text pieces as accepted tokens arrive (one jitted step per host iteration).
+        """Text pieces as accepted tokens arrive, through the engine (engine/engine.py): one row
+        whose cache holds this prompt and its answer (an engine is kept for later streams that
+        fit it). Greedy text equals :meth:`generate`'s; sampled text is a sample of the same
+        distribution (the engine's draft depths may differ from the static loop's).
 
         Returns a :class:`TextStream`: iterate it for the pieces; once it is
         exhausted its ``finish_reason`` is set as in :meth:`generate`.
         """
+        if self.mesh is not None:
+            raise ConfigError("stream runs on one device for now (the engine is not on a mesh yet): "
+                              "generate returns the whole text on a mesh")
         if self.tokenizer is None:
             raise PromptError("streaming text needs a tokenizer")
-        ids, lc, args, static, stops = self._prepare([prompt], max_new_tokens, (temperature, top_k, top_p),
-                                                     seed, chat, stop)
-        return TextStream(self._stream_pieces(ids[0], lc, args, static, stops[0]))
+        (ids,) = self.encode_prompts([prompt], chat)
+        (row,) = self.requests(1, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p, seed=seed, stop=stop)
+        return TextStream(self._stream_engine(len(ids), row.max_new_tokens).submit(ids, row))
 
     def mesh_scope(self):
         """The context its loops are called in: its mesh, if it has one (`jax.set_mesh`; the
         Pallas kernels read it to run on each device's block)."""
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
-    def _drafter_for(self, lc: loop.LoopConfig):
-        """(drafter params, draft vocab) for a loop, None for both when it decodes plainly."""
-        return (self.drafter_params, self.vocab) if lc.speculative else (None, None)
+    def _stream_engine(self, prompt_len: int, max_new: int) -> Engine:
+        """A one-row engine whose rows hold the prompt and its answer: the one kept from an
+        earlier stream when it does, else a new one (cache slots a power of two, so that
+        nearby lengths share it)."""
+        need = fitting_max_len(self, prompt_len, min(max_new, self.context_limit - prompt_len))
+        if self._engine is None or self._engine.max_len < need:
+            if self._engine is not None:
+                self._engine.close()
+            self._engine = Engine(self, max_rows=1, max_len=max(256, 1 << (need - 1).bit_length()))
+        return self._engine
 
-    def _stream_pieces(self, prompt_ids, lc, args, static, stop) -> Iterator[str]:
-        """The pieces of :meth:`stream`; returns the finish reason."""
-        dparams, vocab = self._drafter_for(lc)
-        with self.mesh_scope():
-            state = loop.prefill_jit(self.target_params, dparams, vocab, *args, **static)
-        text = StreamText(self.tokenizer, stop)
-        while True:
-            out, gen, done = to_host((state.out, state.num_generated, state.done))
-            toks = out[0, :gen[0]].tolist()
-            piece, _ = text.advance(toks, final=bool(done[0]))
-            if piece:
-                yield piece
-            if text.stopped:
-                return "stop"
-            if done[0]:
-                return self._finish_reason(len(prompt_ids), toks)
-            with self.mesh_scope():
-                state = loop.step_jit(self.target_params, dparams, vocab, state, lc=lc)
-
-    def _finish_reason(self, prompt_len: int, toks: list[int]) -> str:
+    def finish_reason(self, prompt_len: int, toks: list[int]) -> str:
         """Why a row without a stop-string hit ended: "eos", "context" or "length"."""
         if toks and toks[-1] in self.eos_ids():
             return "eos"
@@ -300,88 +271,82 @@ class Generator:
             return "context"
         return "length"
 
-    def _result(self, ids, lc, out, gen, counters, ttft, wall, stops) -> GenerationResult:
-        """out [B, W] and gen [B] (tokens and counts), counters: the loop's stats on the host
-        (None when it decoded plainly)."""
+    def _result(self, ids, rows: list[Sampling], b: BatchOutput) -> GenerationResult:
+        """The host result of a static batch: each row's tokens cut at its stop strings."""
         token_ids, texts, reasons = [], [], []
         for r, prompt in enumerate(ids):
-            toks = out[r, :gen[r]].tolist()
-            reason = self._finish_reason(len(prompt), toks)
+            toks = b.tokens[r, :b.num_generated[r]].tolist()
+            reason = self.finish_reason(len(prompt), toks)
             text = ""
             if self.tokenizer is not None:
-                toks, text, stopped = cut_at_stop(self.tokenizer, toks, stops[r])
+                toks, text, stopped = cut_at_stop(self.tokenizer, toks, rows[r].stop)
                 reason = "stop" if stopped else reason
             token_ids.append(toks)
             texts.append(text)
             reasons.append(reason)
-        spec = lc.speculative
+        spec = b.lc.speculative
         total = int(sum(len(t) for t in token_ids))
-        decode_s = max(wall - ttft, 1e-9)
+        decode_s = max(b.wall_s - b.ttft_s, 1e-9)
         return GenerationResult(
             token_ids=token_ids, texts=texts, finish_reasons=reasons,
             prompt_tokens=[len(p) for p in ids],
-            stats=summarize(counters) if spec else {},
-            row_stats=[summarize(counters, rows=[r]) for r in range(len(ids))] if spec else [],
-            ttft_s=ttft, wall_s=wall, num_generated=total, tokens_per_s=total / max(wall, 1e-9),
-            timings={"prefill_s": ttft, "decode_s": decode_s,
+            stats=summarize(b.stats) if spec else {},
+            row_stats=[summarize(b.stats, rows=[r]) for r in range(len(ids))] if spec else [],
+            ttft_s=b.ttft_s, wall_s=b.wall_s, num_generated=total, tokens_per_s=total / max(b.wall_s, 1e-9),
+            timings={"prefill_s": b.ttft_s, "decode_s": decode_s,
                      "decode_tokens_per_s": (total - len(ids)) / decode_s},
-            spec_stats=counters)
+            spec_stats=b.stats)
 
 
 class TextStream:
-    """An iterator of text pieces (:meth:`Generator.stream`); ``finish_reason``
-    ("eos", "stop", "length" or "context") is None until it is exhausted."""
+    """An iterator of text pieces (:meth:`Generator.stream`, an engine request's deltas);
+    ``finish_reason`` ("eos", "stop", "length" or "context") is None until it is exhausted,
+    and ``done`` is then the engine's `Done` (token counts, timings, acceptance)."""
 
-    def __init__(self, pieces: Iterator[str]):
-        self._pieces = pieces
+    def __init__(self, request: Request):
+        self._events = iter(request)
         self.finish_reason: str | None = None
+        self.done: Done | None = None
 
     def __iter__(self) -> "TextStream":
         return self
 
     def __next__(self) -> str:
-        try:
-            return next(self._pieces)
-        except StopIteration as done:
-            self.finish_reason = done.value
-            raise
+        for event in self._events:
+            if isinstance(event, Done):
+                self.done, self.finish_reason = event, event.finish_reason
+            elif event.text:
+                return event.text
+        raise StopIteration
 
 
-def _row_keys(seed, b: int) -> jax.Array:
-    """Per-row PRNG keys [B, 2] from (seed, stream) pairs.
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
-    One int s: row r draws from stream r of s. A list, one entry per row: an
-    int s (stream 0 of s) or a (seed, stream) pair. A row's samples depend on
-    its pair only, so rows can be regrouped into other batches unchanged."""
-    def is_int(x):
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
-    if is_int(seed):
+def _row_seeds(seed, b: int) -> list[tuple[int, int]]:
+    """(seed, stream) per row: one int s gives row r stream r of s; a list gives, per row,
+    an int s (stream 0 of s) or a (seed, stream) pair."""
+    if _is_int(seed):
         pairs = [(seed, r) for r in range(b)]
     elif isinstance(seed, (list, tuple)):
-        pairs = [(x, 0) if is_int(x) else tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in seed]
+        pairs = [(x, 0) if _is_int(x) else tuple(x) if isinstance(x, (list, tuple)) else (x,) for x in seed]
     else:
         pairs = None
     if (pairs is None or len(pairs) != b
-            or any(len(p) != 2 or not all(is_int(v) and 0 <= v < 2 ** 31 for v in p) for p in pairs)):
+            or any(len(p) != 2 or not all(_is_int(v) and 0 <= v < 2 ** 31 for v in p) for p in pairs)):
         raise PromptError(f"seed must be an int in [0, 2**31), or one per prompt (an int or a (seed, stream) "
                           f"pair), got {seed!r}")
-    seeds, streams = zip(*pairs)
-    return row_keys(jnp.asarray(seeds, jnp.int32), jnp.asarray(streams, jnp.int32))
+    return [(int(s), int(r)) for s, r in pairs]
 
 
-def _row_sampling(temperature, top_k, top_p, b: int) -> list[SamplingConfig]:
-    """One validated SamplingConfig per row; each setting once for all rows or one per row."""
-    def per_row(name, value):
-        if isinstance(value, (list, tuple, np.ndarray)):
-            if len(value) != b:
-                raise PromptError(f"{name} must be one value or one per prompt ({b}), got {len(value)} values")
-            return value.tolist() if isinstance(value, np.ndarray) else list(value)
-        return [value] * b
-
-    return [SamplingConfig(temperature=t, top_k=k, top_p=p)
-            for t, k, p in zip(per_row("temperature", temperature), per_row("top_k", top_k),
-                               per_row("top_p", top_p))]
+def _per_row(name: str, value, b: int) -> list:
+    """A setting given once for every row, or once per row."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) != b:
+            raise PromptError(f"{name} must be one value or one per prompt ({b}), got {len(value)} values")
+        return value.tolist() if isinstance(value, np.ndarray) else list(value)
+    return [value] * b
 
 
 def _row_stops(stop, b: int) -> list[list[str]]:

@@ -185,7 +185,7 @@ def test_eos_and_per_row_max_new_tokens(gen, greedy_batch):
 
 
 def test_prompt_buckets_hold_the_prompt_and_pad_at_most_a_third():
-    from eagle_jax.generate import padded_prompt_len
+    from eagle_jax.engine.batch import padded_prompt_len
 
     sizes = {padded_prompt_len(n, 512) for n in range(1, 513)}
     assert sizes == {16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}

@@ -142,6 +142,7 @@ def run_speed(args, log) -> dict:
     from eagle_jax.benchmarks import datasets as ds
     from eagle_jax.benchmarks import harness as H
     from eagle_jax.convert.registry import load_target, smollm2_gguf_path
+    from eagle_jax.generate import Generator
     from eagle_jax.runtime import default_dtype
 
     st = _settings(args)
@@ -161,12 +162,11 @@ def run_speed(args, log) -> dict:
     result["notes"] = notes
     result["drafters"] = [{k: v for k, v in d.items() if k != "bundle"} for d in drafters]
 
-    Shaped = H._shaped_generator_class()
     engines: dict = {}
 
     def gen(drafter=None, spec=SpecConfig()):
         spec = dataclasses.replace(spec, disable_by_batch_size=args.disable_by_batch_size)
-        return Shaped(target.cfg, target.params, target.tokenizer, drafter=drafter, spec=spec)
+        return Generator(target.cfg, target.params, target.tokenizer, drafter=drafter, spec=spec)
 
     engines["plain"] = H.EagleEngine("plain", gen(), method="plain")
     spec_names: list[str] = []

@@ -138,28 +138,6 @@ class Engine(Protocol):
     def run(self, ids: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> RunRecord: ...
 
 
-def _shaped_generator_class():
-    from eagle_jax.generate import Generator
-
-    class ShapedGenerator(Generator):
-        """A Generator whose compiled shapes can be raised to fixed sizes.
-
-        `shape` = (prompt_pad, cache_len, out_width) or None. Each is only ever
-        *raised* above what `Generator` would choose (extra prompt columns are
-        padding beyond every row's length; a longer KV cache and output buffer
-        are never read past the rows' lengths), so outputs are unchanged while
-        every batch of a workload group reuses one compiled prefill and loop.
-        """
-
-        shape: tuple[int, int, int] | None = None
-
-        def _prepare(self, prompts, max_new_tokens, sampling, seed, chat, stop):
-            self.min_shapes = self.shape or (0, 0, 0)
-            return super()._prepare(prompts, max_new_tokens, sampling, seed, chat, stop)
-
-    return ShapedGenerator
-
-
 class EagleEngine:
     """eagle-jax through the public `Generator.generate` (plain or speculative)."""
 
@@ -193,8 +171,8 @@ class EagleEngine:
 
     def set_shape(self, prompt_pad: int, cache_len: int, max_new_tokens: int) -> tuple:
         out_width = 16 * math.ceil((max_new_tokens + self.tokens_per_step()) / 16)
-        self.gen.shape = (prompt_pad, cache_len, out_width)
-        return self.gen.shape
+        self.gen.min_shapes = (prompt_pad, cache_len, out_width)  # raised only: outputs unchanged
+        return self.gen.min_shapes
 
     def run(self, ids, max_new_tokens, temperature, seed) -> RunRecord:
         r = self.gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -206,7 +184,7 @@ class EagleEngine:
 
 
 def prompt_bucket(n: int, chunk: int = 512) -> int:
-    from eagle_jax.generate import padded_prompt_len
+    from eagle_jax.engine.batch import padded_prompt_len
 
     return padded_prompt_len(n, chunk)
 

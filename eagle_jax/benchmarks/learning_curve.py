@@ -142,7 +142,8 @@ def measure_tau(tcfg, tparams, tokenizer, bundle, prompts: dict[str, list[str]],
 
     Every prompt runs alone (batch 1); all share one compiled prompt width.
     """
-    from eagle_jax.generate import Generator, padded_prompt_len
+    from eagle_jax.engine.batch import padded_prompt_len
+    from eagle_jax.generate import Generator
 
     gen = Generator(tcfg, tparams, tokenizer, drafter=bundle, spec=spec)
     ids = {name: gen.encode_prompts(texts) for name, texts in prompts.items()}

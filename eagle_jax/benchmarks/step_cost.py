@@ -202,8 +202,10 @@ def _trace_scopes(gen, max_new: int) -> dict:
     steps = r.stats.get("num_verify_steps") or (r.num_generated - 1)
     # Op names -> scope, from the compiled loop's HLO metadata.
     from eagle_jax.spec import loop
+    from eagle_jax.engine.batch import batch_inputs
 
-    ids, lc, args, static, _ = gen._prepare([PROMPT], max_new, (0.0, 0, 1.0), 0, True, ())
+    ids = gen.encode_prompts([PROMPT])
+    lc, args, static = batch_inputs(gen, ids, gen.requests(len(ids), max_new_tokens=max_new))
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
     scope_of = {}

@@ -1,6 +1,7 @@
 """The decoding engine: continuous batching over a fixed set of rows that requests join and
-leave between steps. Its clients: the HTTP server (serve/), `regenerate` (train/) and the
-serving benchmarks (`Generator.generate` still runs its static batch through spec/loop.py).
+leave between steps. Its clients: the HTTP server (serve/), `Generator.stream`, `regenerate`
+(train/) and the serving benchmarks. A batch known up front takes its static path
+(engine/batch.py: the same steps in one device loop).
 
     engine = Engine(generator, max_rows=4, max_len=1024)   # compiles its programs before it returns
     req = engine.submit(prompt_ids, Sampling(max_new_tokens=64))
@@ -74,7 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.engine.policy import DraftPolicy, draft_depths
-from eagle_jax.engine.request import (FINISH_REASONS, Delta, Done, EngineError, Request, Sampling,
+from eagle_jax.engine.request import (Delta, Done, EngineError, Request, Sampling,
                                       sampling_arrays, spec_counts, to_device)
 from eagle_jax.spec import loop
 from eagle_jax.spec.sampling import SamplingParams, row_keys
@@ -132,8 +133,8 @@ class Engine:
                  prefill_budget: int = 256):
         gen = self.gen = generator
         if gen.mesh is not None:
-            raise ValueError("the engine runs on one device: a Generator on a mesh decodes with "
-                             "generate and stream")
+            raise ValueError("the engine runs on one device for now: on a mesh, Generator.generate "
+                             "decodes a static batch")
         if gen.tokenizer is None:
             raise ValueError("the engine streams text: the target needs a tokenizer")
         if max_rows < 1:
@@ -163,7 +164,7 @@ class Engine:
         self.draft = draft_name if speculative else "none"
         self.tokenizer, self.context_limit = gen.tokenizer, self.lc.context_limit
         self.vocab_size = gen.target_cfg.vocab_size
-        self._dparams, self._vocab = gen._drafter_for(self.lc)
+        self._dparams, self._vocab = gen.drafter_for(self.lc)
         self._dtype = gen.target_params["embed"].dtype
         self._waiting: deque[Request] = deque()
         self._jobs: dict[int, _Job] = {}  # row -> its job (touched by the loop thread only)
@@ -481,7 +482,7 @@ class Engine:
         elif job.req.cancelled and not device_done:
             reason = "abort"
         else:
-            reason = FINISH_REASONS[self.gen._finish_reason(job.prompt_len, job.toks)]
+            reason = self.gen.finish_reason(job.prompt_len, job.toks)
         spec = spec_counts(stats, job.row) if self.lc.speculative else None
         extra = {"row": job.row, "batch_size": job.most_rows, "queue_s": job.admitted - job.req.arrived,
                  "tokens_per_s": job.text.tokens / max(now - job.admitted, 1e-9)}
@@ -512,7 +513,7 @@ class Engine:
 def _row_config(gen, speculative: bool) -> loop.LoopConfig:
     """The engine's loop config, before its rows' context limit: prefills (and plain steps)
     leave its drafter behind, and it catches up CATCH_UP_WIDTH positions a call."""
-    return dataclasses.replace(gen._loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if speculative else 0)
+    return dataclasses.replace(gen.loop_config(speculative), catch_up_width=CATCH_UP_WIDTH if speculative else 0)
 
 
 def fitting_max_len(gen, prompt_tokens: int, new_tokens: int, prefill_chunk: int = 64) -> int:

@@ -36,11 +36,7 @@ from eagle_jax.config import SamplingConfig
 from eagle_jax.spec.sampling import SamplingParams
 
 __all__ = ["Sampling", "sampling_arrays", "to_device", "Delta", "Done", "SpecCounts", "Request", "EngineError",
-           "FINISH_REASONS", "spec_counts"]
-
-# The engine's reasons for ending a row, as the OpenAI API names them.
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
-
+           "spec_counts"]
 
 class EngineError(RuntimeError):
     """The engine failed on a request (not the client's fault), or takes no more requests."""
@@ -113,7 +109,7 @@ class SpecCounts:
 @dataclass
 class Done:
     """How a request ended; the last event of every request."""
-    finish_reason: str  # "stop", "length" or "abort"
+    finish_reason: str  # "eos", "stop" (a stop string), "length" (max_new_tokens), "context" or "abort"
     prompt_tokens: int
     completion_tokens: int
     ttft_s: float | None  # arrival to first token (None when none came)

@@ -27,7 +27,7 @@ from eagle_jax.engine import Delta, Done, Engine, EngineError, Sampling
 from eagle_jax.serve import protocol as P
 from eagle_jax.serve.config import Limits, bind
 from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from eagle_jax.serve.protocol import ApiError
+from eagle_jax.serve.protocol import FINISH_REASONS, ApiError
 
 __all__ = ["create_app", "Server", "make_server"]
 
@@ -248,7 +248,7 @@ class _Reply:
     def _body(self, outs: list[tuple[str, Done]]) -> dict:
         choices = []
         for i, (text, d) in enumerate(outs):
-            c = {"index": i, "finish_reason": d.finish_reason, "logprobs": None}
+            c = {"index": i, "finish_reason": FINISH_REASONS[d.finish_reason], "logprobs": None}
             if self.kind == "chat":
                 c["message"] = {"role": "assistant", "content": text}
             else:
@@ -285,7 +285,7 @@ class _Reply:
                     yield _sse(self._chunk(ev.text))
                     continue
                 self.metrics.done(ev)
-                yield _sse(self._chunk(None, ev.finish_reason))
+                yield _sse(self._chunk(None, FINISH_REASONS[ev.finish_reason]))
                 if include_usage:
                     usage = {**self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion"),
                              "choices": [], "usage": _usage(ev.prompt_tokens, ev.completion_tokens)}

@@ -20,6 +20,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from eagle_jax.serve.protocol import FINISH_REASONS
+
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -57,7 +59,7 @@ class Metrics:
     def done(self, d) -> None:
         """A finished request (an engine Done)."""
         m = self.model
-        self.success.labels(m, d.finish_reason).inc()
+        self.success.labels(m, FINISH_REASONS[d.finish_reason]).inc()
         self.e2e.labels(m).observe(d.wall_s)
         self.prompt_tokens.labels(m).inc(d.prompt_tokens)
         self.generation_tokens.labels(m).inc(d.completion_tokens)

@@ -22,6 +22,10 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "inva
           408: "invalid_request_error", 413: "invalid_request_error", 503: "server_error"}
 
 
+# The engine's reasons for ending a request, as the OpenAI API names them.
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "abort": "abort"}
+
+
 class ApiError(Exception):
     """A refused request: HTTP status and OpenAI's error object."""
 

@@ -35,9 +35,10 @@ if join:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec"))
 import spec_helpers as H  # noqa: E402
 
-from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
+from eagle_jax.config import ConfigError, SpecConfig, TargetConfig  # noqa: E402
 from eagle_jax.convert.drafter_formats import params_from_tensors, tensors_from_params  # noqa: E402
 from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
+from eagle_jax.engine.batch import batch_inputs  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
 from eagle_jax.engine import Engine  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
@@ -66,7 +67,8 @@ def run(mesh, method, impl="xla"):
 def collectives(g) -> dict:
     """Result shapes of each kind of collective in one compiled speculative step, and how many
     shard_map and pallas_call equations its jaxpr has."""
-    ids, lc, args, static, _ = g._prepare(prompts, 12, (0.0, 0, 1.0), 0, False, ())
+    ids = g.encode_prompts(prompts, chat=False)
+    lc, args, static = batch_inputs(g, ids, g.requests(len(ids), max_new_tokens=12))
     with g.mesh_scope():
         state = loop.prefill_jit(g.target_params, g.drafter_params, g.vocab, *args, **static)
         traced = loop.step_jit.trace(g.target_params, g.drafter_params, g.vocab, state, lc=lc)
@@ -104,7 +106,12 @@ def loaded(mesh) -> dict:
         refused = None
     except ValueError as e:
         refused = str(e)
-    return {"slot_engine": refused, "same_shardings": all(jax.tree.leaves(same_sharding)),
+    try:
+        g.stream([1, 2, 3])
+        stream_refused = None
+    except ConfigError as e:
+        stream_refused = str(e)
+    return {"slot_engine": refused, "stream": stream_refused, "same_shardings": all(jax.tree.leaves(same_sharding)),
             "same_values": all(jax.tree.leaves(same_value)),
             "fused_groups": [[c.fused_groups, want_cfg.fused_groups] for c, _, (want_cfg, _) in pairs],
             "sharded_leaves": [sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(p))

@@ -58,6 +58,7 @@ def _check(result: dict, mesh: str) -> None:
         assert all(n > 0 for n in got["loaded"]["sharded_leaves"]), got["loaded"]
     assert got["loaded"]["tokens"] == ref["chain"]["tokens"]
     assert "runs on one device" in got["loaded"]["slot_engine"]
+    assert "stream runs on one device" in got["loaded"]["stream"]
     # The step moves activations between shards, never a whole weight or the whole KV cache.
     moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
     assert not moved & weights, moved & weights

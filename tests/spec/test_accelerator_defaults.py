@@ -8,6 +8,7 @@ device check, benchmarks/device_check.py, allows near-ties)."""
 import pytest
 
 from eagle_jax.config import SpecConfig
+from eagle_jax.engine.batch import batch_inputs
 from eagle_jax.generate import Generator
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target
@@ -49,7 +50,8 @@ def test_loop_copies_no_cache(spec, unroll):
     tcfg, tparams = tiny_target(vocab=8)
     d = tiny_drafter(tcfg, "eagle3.1", draft_vocab=6)
     gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="xla", unroll_layers=unroll)
-    _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, (0.0, 0, 1.0), 0, True, ())
+    ids = gen.encode_prompts(random_prompts(8, [11]))
+    lc, args, static = batch_inputs(gen, ids, gen.requests(len(ids), max_new_tokens=30))
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
     b, s = state.tcache.k.shape[1], state.tcache.k.shape[3]

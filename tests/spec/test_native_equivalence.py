@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from eagle_jax.config import SpecConfig, TargetConfig
+from eagle_jax.engine.batch import batch_inputs
 from eagle_jax.generate import Generator
 from eagle_jax.kernels import cpu
 from eagle_jax.models import target
@@ -90,7 +91,8 @@ def test_the_decoding_loop_copies_no_cache(spec):
     tcfg, tparams = native_target()
     d = smollm2_random_drafter(tcfg, "eagle3.1", draft_vocab=6, scale=0.3)
     gen = Generator(tcfg, tparams, drafter=d, spec=spec, impl="native")
-    _, lc, args, static, _ = gen._prepare(random_prompts(8, [11]), 30, (0.0, 0, 1.0), 0, True, ())
+    ids = gen.encode_prompts(random_prompts(8, [11]))
+    lc, args, static = batch_inputs(gen, ids, gen.requests(len(ids), max_new_tokens=30))
     state = loop.prefill_jit(gen.target_params, gen.drafter_params, gen.vocab, *args, **static)
     hlo = loop.run_jit.lower(gen.target_params, gen.drafter_params, gen.vocab, state, lc=lc).compile().as_text()
     shapes = {str(state.tcache.k.shape), str(state.dcache.k.shape)}

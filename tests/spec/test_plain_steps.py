@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from eagle_jax.config import SpecConfig
+from eagle_jax.engine.batch import batch_inputs
 from eagle_jax.models import drafter
 from eagle_jax.spec import loop
 
@@ -28,9 +29,10 @@ SPECS = {"chain": SpecConfig("chain", num_speculative_tokens=3),
 def _lazy(gen, prompts, width):
     """(lc, dparams, vocab, prefilled state) with a lazy drafter (`width` > 0): the prefill leaves the
     prompt to `catch_up` (`width` positions a call), in whole-cache buffers as a slot engine holds them."""
-    _, lc, args, static, _ = gen._prepare(prompts, 24, (0.0, 0, 1.0), 0, False, ())
+    ids = gen.encode_prompts(prompts, chat=False)
+    lc, args, static = batch_inputs(gen, ids, gen.requests(len(ids), max_new_tokens=24))
     lc = dataclasses.replace(lc, catch_up_width=width)
-    dparams, vocab = gen._drafter_for(lc)
+    dparams, vocab = gen.drafter_for(lc)
     state = loop.prefill_jit(gen.target_params, dparams, vocab, *args, lc=lc, out_width=static["out_width"])
     if width:
         feats, toks = loop.create_feats(lc, len(prompts), state.tcache.max_len)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from eagle_jax.config import SpecConfig, TargetConfig
+from eagle_jax.engine.batch import batch_inputs
 from eagle_jax.generate import Generator
 from eagle_jax.kernels import cpu
 from eagle_jax.models import target
@@ -37,8 +38,9 @@ def _generator(impl, spec):
 
 
 def _prefilled(gen, prompts):
-    _, lc, args, static, _ = gen._prepare(prompts, 24, (0.0, 0, 1.0), 0, False, ())
-    dparams, vocab = gen._drafter_for(lc)
+    ids = gen.encode_prompts(prompts, chat=False)
+    lc, args, static = batch_inputs(gen, ids, gen.requests(len(ids), max_new_tokens=24))
+    dparams, vocab = gen.drafter_for(lc)
     return lc, dparams, vocab, loop.prefill_jit(gen.target_params, dparams, vocab, *args, **static)
 
 
