@@ -188,7 +188,7 @@ def _run(conversations, generator, f, stats: dict, *, batch_size, max_new_tokens
             rec["regenerated_turns"] += 1
             stats["turns"] += 1
             stats["tokens"] += n
-            if reason != "stop":  # cut off: later turns would answer a different text
+            if reason != "eos":  # cut off: later turns would answer a different text
                 rec["truncated"] = True
                 break
         return rec if rec["regenerated_turns"] else None
