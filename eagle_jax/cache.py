@@ -14,13 +14,11 @@ batched matmul).
 
 from __future__ import annotations
 
-import functools
-
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.kernels import cpu, resolve_impl
+from eagle_jax.kernels import ops
 
 
 @flax.struct.dataclass
@@ -51,8 +49,7 @@ class KVCache:
         With the native CPU kernels (`impl`) the slots are copied in place;
         otherwise an XLA scatter of the values' bits. Both are differentiated as
         the float scatter."""
-        write = _native_write if resolve_impl(impl) == "native" else _xla_write
-        k, v = write(self.k, self.v, self.lengths, jnp.asarray(layer, jnp.int32), k_new, v_new)
+        k, v = ops.cache_write(self.k, self.v, self.lengths, layer, k_new, v_new, impl=impl)
         return self.replace(k=k, v=v)
 
     def head_rows(self, n: int, *, impl: str = "auto") -> "KVCache":
@@ -60,7 +57,7 @@ class KVCache:
         a view: the whole buffers with `lengths[:n]` (those kernels read and
         write only the rows `lengths` counts, in place); otherwise a copy of
         those rows. `put_head_rows` puts it back."""
-        if resolve_impl(impl) == "native":
+        if ops.cache_rows_in_place(impl):
             return self.replace(lengths=self.lengths[:n])
         return KVCache(k=self.k[:, :n], v=self.v[:, :n], lengths=self.lengths[:n])
 
@@ -83,68 +80,8 @@ class KVCache:
         src [B, A] int32 holds offsets relative to the row's length (the
         accepted nodes' positions among the T tokens of the last forward).
         """
-        if resolve_impl(impl) == "native":
-            k, v = cpu.cache_compact(self.k, self.v, self.lengths, src, n)
-            return self.replace(k=k, v=v).commit(n)
-        a = src.shape[1]
-        base = self.lengths[:, None]
-        src_slot = jnp.clip(base + src, 0, self.max_len - 1)[:, None, :]  # [B, 1, A]
-        dst_slot = jnp.where(jnp.arange(a)[None] < n[:, None], base + jnp.arange(a)[None],
-                             self.max_len)[:, None, :]
-        rows = jnp.arange(self.batch)[:, None, None]
-        heads = jnp.arange(self.k.shape[2])[None, :, None]
-
-        def move(buf):  # buf [L, B, Hkv, S, D]
-            picked = buf[:, rows, heads, src_slot]  # [L, B, Hkv, A, D]
-            return buf.at[:, rows, heads, dst_slot].set(picked, mode="drop")
-
-        return self.replace(k=move(self.k), v=move(self.v)).commit(n)
-
-
-def _scatter_write(k, v, lengths, layer, k_new, v_new, *, as_bits=False):
-    """KVCache.write as an XLA scatter: k/v [L, B, Hkv, S, D], new [L', B, T, Hkv, D] into
-    layers layer .. layer + L' - 1. `as_bits` scatters the values' bits as unsigned
-    integers (no gradient: `_xla_write` adds the float scatter's): XLA:CPU runs a bf16
-    scatter by converting the whole cache to f32 and back, which the models' one
-    write per layer would do L times a forward."""
-    slots = write_slots(lengths, k_new.shape[2])[None, :, None, :]  # [1, B, 1, T]
-    layers = (layer + jnp.arange(k_new.shape[0], dtype=jnp.int32))[:, None, None, None]
-    rows = jnp.arange(k_new.shape[1])[None, :, None, None]
-    heads = jnp.arange(k.shape[2])[None, None, :, None]
-
-    def put(buf, new):  # new -> [L', B, Hkv, T, D]
-        new = new.transpose(0, 1, 3, 2, 4).astype(buf.dtype)
-        if not as_bits:
-            return buf.at[layers, rows, heads, slots].set(new, mode="drop")
-        bits = lambda a: jax.lax.bitcast_convert_type(a, jnp.dtype(f"uint{8 * buf.dtype.itemsize}"))
-        out = bits(buf).at[layers, rows, heads, slots].set(bits(new), mode="drop")
-        return jax.lax.bitcast_convert_type(out, buf.dtype)
-
-    return put(k, k_new), put(v, v_new)
-
-
-def _with_scatter_gradient(write):
-    """`write(k, v, lengths, layer, k_new, v_new) -> (k, v)`, differentiated as the
-    float XLA scatter (`_scatter_write`)."""
-    def bwd(res, g):
-        k, v, lengths, layer, k_new, v_new = res
-        _, vjp = jax.vjp(lambda k, v, kn, vn: _scatter_write(k, v, lengths, layer, kn, vn), k, v, k_new, v_new)
-        dk, dv, dkn, dvn = vjp(g)
-        return dk, dv, None, None, dkn, dvn
-
-    differentiable = jax.custom_vjp(write)
-    differentiable.defvjp(lambda *args: (write(*args), args), bwd)
-    return differentiable
-
-
-_native_write = _with_scatter_gradient(
-    lambda k, v, lengths, layer, k_new, v_new: cpu.cache_write(k, v, lengths, k_new, v_new, layer))
-_xla_write = _with_scatter_gradient(functools.partial(_scatter_write, as_bits=True))
-
-
-def write_slots(lengths: jax.Array, t: int) -> jax.Array:
-    """Slots the next forward over t tokens writes: [B, t] int32."""
-    return lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+        k, v = ops.cache_compact(self.k, self.v, self.lengths, src, n, impl=impl)
+        return self.replace(k=k, v=v).commit(n)
 
 
 def written_mask(lengths: jax.Array, max_len: int, new_mask: jax.Array) -> jax.Array:

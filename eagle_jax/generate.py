@@ -24,7 +24,7 @@ from eagle_jax.config import ConfigError, DrafterConfig, SamplingConfig, SpecCon
 from eagle_jax.engine.batch import BatchOutput, run_batch
 from eagle_jax.engine.engine import Engine, fitting_max_len
 from eagle_jax.engine.request import Done, Request, Sampling
-from eagle_jax.kernels import resolve_impl
+from eagle_jax.kernels import ops
 from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
@@ -67,15 +67,17 @@ class Generator:
                  prefill_chunk: int = 512, impl: str = "auto", unroll_layers: bool | None = None,
                  mesh: MeshShape | None = None):
         self.mesh = None
+        resolved = ops.resolve(impl)  # once: every loop config carries it
         if mesh is not None and mesh.devices > 1:
             # XLA's partitioner places the work; the Pallas kernels run on each device's block (under
             # the mesh context the loops are called in, `_on_mesh`). The native CPU kernels take whole
             # packed weights, so "auto" resolving to them decodes through XLA on a mesh.
-            if resolve_impl("xla" if impl == "auto" else impl) == "native":
+            if ops.resolve("xla" if impl == "auto" else impl) == "native":
                 raise ConfigError(f"impl 'native' runs on one device; a {mesh.data}x{mesh.model} mesh decodes "
                                   f"through XLA or Pallas (impl 'auto', 'xla', 'pallas' or 'interpret')")
-            impl = "xla" if resolve_impl(impl) == "native" else impl
+            resolved = "xla" if resolved == "native" else resolved
             self.mesh = make_mesh(mesh)
+        impl = resolved
         # Per-layer weight buffers (an unrolled layer loop) by default on CPU,
         # where scanning over stacked weights copies them every step; packed
         # projections when the native CPU kernels run.

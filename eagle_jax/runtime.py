@@ -15,11 +15,11 @@ def default_dtype() -> str:
     CPU when the native kernels run (`kernels/cpu`: 1.6x the tokens/s of fp32
     there, docs/benchmarks.md "Step cost"); float32 on CPU otherwise (XLA:CPU
     converts bf16 weights to f32 on every call)."""
-    from eagle_jax.kernels import resolve_impl
+    from eagle_jax.kernels import ops
 
     if jax.default_backend() != "cpu":
         return "bfloat16"
-    return "bfloat16" if resolve_impl("auto") == "native" else "float32"
+    return "bfloat16" if ops.is_native("auto") else "float32"
 
 
 def default_disable_by_batch_size() -> int | None:
@@ -42,13 +42,14 @@ def default_disable_by_batch_size() -> int | None:
     depth per row bucket, picks plain where drafting loses."""
     if jax.default_backend() != "cpu":
         return None
-    from eagle_jax.kernels import cpu, resolve_impl
+    from eagle_jax.kernels import ops
 
-    if resolve_impl("auto") != "native":
+    if not ops.is_native("auto"):
         return 0
-    if cpu.amx():
+    cpu = ops.cpu_features()
+    if cpu["amx"]:
         return 4
-    return 1 if cpu.wide_vectors() else 0
+    return 1 if cpu["wide_vectors"] else 0
 
 
 def enable_compilation_cache(path: str | None = None) -> str | None:

@@ -2,6 +2,9 @@
 
 * every import between eagle_jax's modules, function-local ones included, forms no cycle;
 * the core (everything but `serve`, `train`, `benchmarks` and the CLI) imports none of those;
+* kernel dispatch has one place: outside `eagle_jax.kernels` nothing imports the native kernels
+  (`kernels.cpu`) or resolves an impl (`resolve_impl`); they go through `kernels.ops` (the native
+  kernels' own A/B benchmark, `benchmarks/native/`, excepted);
 * no top-level folder of the checkout but eagle_jax is a Python package (none can shadow an
   installed one when the checkout's root is on sys.path).
 """
@@ -95,3 +98,18 @@ def test_the_core_imports_nothing_above_it():
 def test_no_top_level_folder_but_eagle_jax_is_a_package():
     packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
     assert packages == ["eagle_jax"], packages
+
+
+def test_kernel_dispatch_lives_in_the_op_facade():
+    inside = lambda m: m == "eagle_jax.kernels" or m.startswith(("eagle_jax.kernels.", "eagle_jax.benchmarks.native"))
+    mods = modules()
+    bad = sorted((m, n) for m, deps in graph().items() if not inside(m) for n in deps
+                 if n == "eagle_jax.kernels.cpu")
+    for m, path in mods.items():
+        if inside(m):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Name) and node.id == "resolve_impl" or \
+                    isinstance(node, ast.Attribute) and node.attr == "resolve_impl":
+                bad.append((m, "resolve_impl"))
+    assert not bad, bad

@@ -264,9 +264,9 @@ def run(dtypes=("bfloat16", "float32"), *, quick: bool = False, target: str = "s
     result["dtypes"] = {}
     for dtype in dtypes:
         plain = Generator.load(target, draft=None, dtype=dtype)
-        from eagle_jax.kernels import resolve_impl
+        from eagle_jax.kernels import ops
 
-        r = {"impl": resolve_impl(plain.impl), "weight_bytes": weight_bytes(plain.target_params)}
+        r = {"impl": ops.resolve(plain.impl), "weight_bytes": weight_bytes(plain.target_params)}
         floor_ms = r["weight_bytes"] / (bw * 1e9) * 1e3
         r["floor_ms"] = floor_ms
         r["forward"] = {}

@@ -8,6 +8,10 @@ GPU (until Pallas is measured faster there), native or XLA on CPU. `matmul`
 is the plain projection on the same weights. Every path takes the trained
 weights as they are (the native ones after a one-time packing): the norm
 gains always scale the activations, never the weight.
+
+`ops` is the facade the rest of the package calls: every op (these, attention,
+embedding, argmax, the cache write and compaction, the sampling filters) on an
+impl resolved once (`ops.resolve`); nothing outside this package imports `cpu`.
 """
 
 from eagle_jax.kernels.cpu import PackedWeight, pack_weight, pack_weights

@@ -73,12 +73,6 @@ TARGETS = ("gpu", "tpu")
 ENV_VAR = "EAGLE_JAX_KERNEL_IMPL"
 _FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
-# Tests set this to a float (e.g. nan): the TPU launcher then hands the
-# kernel an output buffer pre-filled with it (aliased to the output), so any
-# element the kernel fails to write keeps the poison value.
-_POISON_OUTPUT: float | None = None
-
-
 @dataclasses.dataclass(frozen=True)
 class LayerWeight:
     """Layer `layer` (an int32 scalar, traced under `lax.scan`) of a stacked
@@ -280,10 +274,11 @@ class _Config:
     target: str
     interpret: bool | str  # False (compiled), True (the body's simulator) or "hlo" (`fused_norm_matmul`)
     out_dtype: jnp.dtype  # the kernel's output: the f32 accumulator rounded once, or kept (logits)
+    poison: float | None  # the TPU body's output buffer is filled with it first (None: not preset)
 
 
 def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="auto", target=None,
-                      out_dtype=None, column_axis: str | None = "model"):
+                      out_dtype=None, column_axis: str | None = "model", poison: float | None = None):
     """RMSNorm (per segment) followed by a projection. See module docstring.
 
     ``out_dtype`` (default x.dtype) is the result's dtype; float32 keeps the
@@ -295,6 +290,9 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     device's block (`_on_mesh`): rows on the mesh's ``data`` axis and w's
     columns on ``column_axis`` (None: w is replicated), as `eagle_jax.sharding`
     lays them out; the XLA path is partitioned by XLA.
+    ``poison`` (the TPU kernel body): its output buffer is filled with this value
+    first and aliased to the output, so an element the kernel fails to write
+    keeps it (the kernel tests pass NaN).
     """
     x = jnp.asarray(x)
     if x.ndim < 1:
@@ -359,7 +357,7 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
                          "target='tpu' or impl='xla'")
     interpret = impl == "interpret" and ("hlo" if on_mesh else True)
     cfg = _Config(eps=eps, segments=segments, target=target, interpret=interpret,
-                  out_dtype=jnp.dtype(out_dtype or x.dtype))
+                  out_dtype=jnp.dtype(out_dtype or x.dtype), poison=poison)
     y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis)
     return y.reshape(*lead, n)
 
@@ -419,7 +417,7 @@ def _pallas_forward(cfg: _Config, x2, g, w, bias, layer):
         return _fnm_gpu.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
                             layer=layer, out_dtype=cfg.out_dtype)
     return _fnm_tpu.run(x2, g, w, bias, segments=cfg.segments, eps=cfg.eps, interpret=cfg.interpret,
-                        poison=_POISON_OUTPUT, layer=layer, out_dtype=cfg.out_dtype)
+                        poison=cfg.poison, layer=layer, out_dtype=cfg.out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

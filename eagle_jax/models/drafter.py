@@ -26,8 +26,8 @@ from flax import nnx
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
-from eagle_jax.kernels import cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import (attend_after_write, embed_tokens, native_attention, param_values,
+from eagle_jax.kernels import ops
+from eagle_jax.models.layers import (attend_after_write, param_values,
                                      rotated_heads, set_params, swiglu_mlp)
 from eagle_jax.nn import rms_norm, rope_tables
 from eagle_jax.sharding import RULES
@@ -80,10 +80,10 @@ def create_cache(cfg: DrafterConfig, batch: int, max_len: int, dtype=jnp.float32
 
 def prepare_for_decoding(params, *, impl: str = "auto"):
     """Pack the projections for the native CPU kernels when `impl` resolves to them."""
-    if resolve_impl(impl) != "native":
+    if not ops.is_native(impl):
         return params
     names = [name for name in params["layer"] if name in ("wqkv", "wo", "w_gate_up", "w_down")]
-    *projections, fc, lm_head = cpu.pack_weights([*(params["layer"][n] for n in names), params["fc"],
+    *projections, fc, lm_head = ops.pack_weights([*(params["layer"][n] for n in names), params["fc"],
                                                   params["lm_head"]])
     return {**params, "layer": {**params["layer"], **dict(zip(names, projections))}, "fc": fc,
             "lm_head": lm_head}
@@ -115,12 +115,12 @@ class Drafter(nnx.Module):
             raise ValueError(f"drafter expects {cfg.num_aux} aux states of size {cfg.target_hidden_size} "
                              f"({cfg.fc_in_size} features), got {aux.shape[-1]}")
         if cfg.fc_norm:
-            return fused_norm_matmul(aux, self.fc_norm.get_value(), self.fc.get_value(), eps=cfg.rms_norm_eps,
-                                     segments=cfg.num_aux, impl=impl, column_axis=_FC_COLUMNS)
+            return ops.fused_norm_matmul(aux, self.fc_norm.get_value(), self.fc.get_value(), eps=cfg.rms_norm_eps,
+                                         segments=cfg.num_aux, impl=impl, column_axis=_FC_COLUMNS)
         if cfg.norm_before_fc:
-            return fused_norm_matmul(aux, self.input_norm.get_value(), self.fc.get_value(), eps=cfg.rms_norm_eps,
-                                     impl=impl, column_axis=_FC_COLUMNS)
-        return matmul(aux, self.fc.get_value(), impl=impl)
+            return ops.fused_norm_matmul(aux, self.input_norm.get_value(), self.fc.get_value(), eps=cfg.rms_norm_eps,
+                                         impl=impl, column_axis=_FC_COLUMNS)
+        return ops.matmul(aux, self.fc.get_value(), impl=impl)
 
     def layer_forward(self, tokens, hidden, positions, attend, *, embed=None, impl: str = "auto"):
         """The decoder layer with the attention supplied by
@@ -139,15 +139,15 @@ class Drafter(nnx.Module):
             embed = self.embed.get_value()
         elif embed is None:
             raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
-        e = embed_tokens(embed, tokens, impl=impl).astype(hidden.dtype)
+        e = ops.embed(embed, tokens, impl=impl).astype(hidden.dtype)
         residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
         # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
         norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
-        qkv = fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
-                                segments=2, bias=layer.get("bqkv"), impl=impl)
+        qkv = ops.fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
+                                    segments=2, bias=layer.get("bqkv"), impl=impl)
         cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
         out, extra = attend(qkv, cos, sin)
-        h = matmul(out, layer["wo"], layer.get("bo"), residual=residual, impl=impl)
+        h = ops.matmul(out, layer["wo"], layer.get("bo"), residual=residual, impl=impl)
         h = swiglu_mlp(h, layer["post_attention_layernorm"], layer["w_gate_up"], layer["w_down"], eps=eps,
                        groups=cfg.fused_groups, impl=impl)
         return h, extra
@@ -159,8 +159,8 @@ class Drafter(nnx.Module):
         """
         cfg = self.cfg
         norm = self.norm.get_value()
-        logits = fused_norm_matmul(h, norm, self.lm_head.get_value(), eps=cfg.rms_norm_eps, impl=impl,
-                                   out_dtype=jnp.float32)
+        logits = ops.fused_norm_matmul(h, norm, self.lm_head.get_value(), eps=cfg.rms_norm_eps, impl=impl,
+                                       out_dtype=jnp.float32)
         feedback = rms_norm(h, norm, cfg.rms_norm_eps) if cfg.norm_output else h
         return logits, feedback
 
@@ -197,11 +197,11 @@ class Drafter(nnx.Module):
 
         # The native kernel reads the cache in place and writes the new K/V into
         # it in the same call: one chain of in-place updates, no copy of the cache.
-        native = native_attention(impl, t, cfg)
+        native = ops.attends_natively(impl, t, cfg.head_dim, cfg.fused_groups)
 
         def attend(qkv, cos, sin):
             if native:
-                out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
+                out, k_cache, v_cache = ops.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
                                                       num_heads=cfg.num_heads,
                                                       slot_mask=None if committed_only else slot_mask)
                 return out.astype(qkv.dtype).reshape(b, t, -1), cache.replace(k=k_cache, v=v_cache)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from eagle_jax.cache import KVCache, written_mask
-from eagle_jax.kernels import cpu, matmul, norm_swiglu, resolve_impl
+from eagle_jax.kernels import ops
 from eagle_jax.nn import apply_rope, attention, rms_norm
 
 
@@ -25,25 +24,6 @@ def set_params(module: nnx.Module, weights: dict, axes: dict[str, tuple[str, ...
 def param_values(module: nnx.Module) -> dict:
     """{attribute name: value} of a module's own parameters (not its submodules')."""
     return {name: v.get_value() for name, v in vars(module).items() if isinstance(v, nnx.Param)}
-
-
-def embed_tokens(table: jax.Array, ids: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """table [V, H], ids [...] int -> rows [..., H] (ids clipped to the table).
-
-    The native kernel copies the rows (no gradient: decoding only); XLA:CPU
-    would gather a bf16 row from an f32 copy of the whole table, made on
-    every call."""
-    if resolve_impl(impl) == "native":
-        return cpu.embed(table, ids)
-    return jnp.take(table, ids, axis=0, mode="clip")
-
-
-def native_attention(impl: str, t: int, cfg) -> bool:
-    """Whether attention over t new tokens per row runs in the native CPU
-    kernel: decode and verify steps; prefill chunks (long t), other head
-    sizes and q|k|v in groups (`fused_groups`) attend through XLA."""
-    return (resolve_impl(impl) == "native" and t <= cpu.MAX_ATTENTION_TOKENS and cfg.head_dim in (64, 128)
-            and cfg.fused_groups == 1)
 
 
 def attend_after_write(q, k, v, cache: KVCache, layer, slot_mask, new_mask, *, impl: str = "auto"):
@@ -99,5 +79,5 @@ def swiglu_mlp(h, norm_w, w_gate_up, w_down, *, eps, groups=1, impl="auto"):
     """h + down(silu(gate(n)) * up(n)) with n = rms_norm(h): the MLP block with
     its residual; the norm is fused into gate/up, the residual add into down.
     groups: the config's `fused_groups` ([gate | up] in that many column groups)."""
-    return matmul(norm_swiglu(h, norm_w, w_gate_up, eps=eps, groups=groups, impl=impl), w_down, residual=h,
-                  impl=impl)
+    return ops.matmul(ops.norm_swiglu(h, norm_w, w_gate_up, eps=eps, groups=groups, impl=impl), w_down,
+                      residual=h, impl=impl)

@@ -19,8 +19,8 @@ from flax import nnx
 
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
-from eagle_jax.kernels import LayerWeight, cpu, fused_norm_matmul, matmul, resolve_impl
-from eagle_jax.models.layers import (attend_after_write, embed_tokens, native_attention, param_values,
+from eagle_jax.kernels import LayerWeight, ops
+from eagle_jax.models.layers import (attend_after_write, param_values,
                                      rotated_heads, set_params, swiglu_mlp)
 from eagle_jax.nn import rope_tables
 
@@ -72,7 +72,7 @@ def pack_for_cpu(params, cfg: TargetConfig):
     layers = params["layers"]
     parts = layers if per_layer(layers) else {None: layers}
     weights = [x for layer in parts.values() for name, x in layer.items() if name in MATMUL_WEIGHTS]
-    packed = iter(cpu.pack_weights([*weights, Target(cfg, params).lm_head_weight()]))
+    packed = iter(ops.pack_weights([*weights, Target(cfg, params).lm_head_weight()]))
     parts = {i: {name: next(packed) if name in MATMUL_WEIGHTS else x for name, x in layer.items()}
              for i, layer in parts.items()}
     return {**params, "layers": parts if per_layer(layers) else parts[None], "lm_head": next(packed)}
@@ -88,7 +88,7 @@ def prepare_for_decoding(params, cfg: TargetConfig, *, impl: str = "auto", unrol
         unroll = jax.default_backend() == "cpu"
     if unroll:
         params = unstack_layers(params)
-    resolved = resolve_impl(impl)
+    resolved = ops.resolve(impl)
     if resolved == "native":
         return pack_for_cpu(params, cfg)
     if resolved == "pallas" and cfg.tie_word_embeddings and "lm_head" not in params:
@@ -118,10 +118,10 @@ class TargetLayer(nnx.Module):
     def __call__(self, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
         """Layer i: h [B,T,H] -> (h, cache with the layer's new K/V written)."""
         p = self.weights(i)
-        qkv = fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
-                                bias=p.get("bqkv"), impl=impl)
+        qkv = ops.fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
+                                    bias=p.get("bqkv"), impl=impl)
         attn, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native, impl)
-        h = matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
+        h = ops.matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
         h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps,
                        groups=cfg.fused_groups, impl=impl)
         return h, cache
@@ -136,7 +136,7 @@ def _attend(p, cfg: TargetConfig, qkv, cos, sin, cache: KVCache, i, new_mask, na
     (`attend_after_write`)."""
     if native:
         qk_norm = (p["q_norm"], p["k_norm"]) if "q_norm" in p else None
-        out, k_cache, v_cache = cpu.attention(qkv, cos, sin, cache.k, cache.v, i, cache.lengths, new_mask,
+        out, k_cache, v_cache = ops.attention(qkv, cos, sin, cache.k, cache.v, i, cache.lengths, new_mask,
                                               num_heads=cfg.num_heads, qk_norm=qk_norm, eps=cfg.rms_norm_eps)
         return out.astype(qkv.dtype), cache.replace(k=k_cache, v=v_cache)
     q, k, v = rotated_heads(cfg, qkv, cos, sin, q_norm=p.get("q_norm"), k_norm=p.get("k_norm"),
@@ -181,11 +181,11 @@ class Target(nnx.Module):
         for layer_id in aux_layers:
             if not 0 <= layer_id < cfg.num_layers:
                 raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
-        h = embed_tokens(self.embed.get_value(), tokens, impl=impl)
+        h = ops.embed(self.embed.get_value(), tokens, impl=impl)
         cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
         new_mask = causal_mask(b, t) if mask is None else mask
         # Prefill chunks (long T) attend through XLA: the native kernel is built for decode and verify.
-        native = native_attention(impl, t, cfg)
+        native = ops.attends_natively(impl, t, cfg.head_dim, cfg.fused_groups)
 
         if isinstance(self.layers, nnx.List):
             entering = []  # entering[i]: the residual stream into layer i
@@ -219,8 +219,8 @@ class Target(nnx.Module):
 
     def logits(self, hidden, *, impl: str = "auto") -> jax.Array:
         """Final norm + lm_head (fused): hidden [..., H] -> float32 [..., V]."""
-        return fused_norm_matmul(hidden, self.final_norm.get_value(), self.lm_head_weight(),
-                                 eps=self.cfg.rms_norm_eps, impl=impl, out_dtype=jnp.float32)
+        return ops.fused_norm_matmul(hidden, self.final_norm.get_value(), self.lm_head_weight(),
+                                     eps=self.cfg.rms_norm_eps, impl=impl, out_dtype=jnp.float32)
 
 
 def init_params(cfg: TargetConfig, key, dtype=jnp.float32, scale: float = 0.02):

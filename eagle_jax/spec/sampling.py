@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle_jax.config import SamplingConfig
-from eagle_jax.kernels import cpu, resolve_impl
+from eagle_jax.kernels import ops
 
 
 @flax.struct.dataclass
@@ -61,49 +61,16 @@ class SamplingParams:
         return jax.tree.map(lambda a: a.reshape(a.shape + (1,) * (ndim - 1)), self)
 
 
-def _ordered(x: jax.Array) -> jax.Array:
-    """float32 -> uint32 with the same order (for a bisection over values)."""
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def _bisect(ok, lo: jax.Array, hi: jax.Array) -> jax.Array:
-    """The smallest uint32 t in (lo, hi] with ok(t), per row, for ok monotone
-    (false up to some t, true from it on) with ok(lo) false and ok(hi) true."""
-    def body(_, bounds):
-        lo, hi = bounds
-        mid = lo + (hi - lo) // 2
-        good = ok(mid)
-        return jnp.where(good, lo, mid), jnp.where(good, mid, hi)
-
-    return jax.lax.fori_loop(0, 32, body, (lo, hi))[1]
-
-
-def _top_k(x: jax.Array, k: jax.Array, native: bool) -> jax.Array:
+def _top_k(x: jax.Array, k: jax.Array, impl: str) -> jax.Array:
     """Keep, per row, the logits at or above the k-th largest (k [..., 1]; 0 = all)."""
-    keys = _ordered(x)
-    if native:
-        kth = cpu.kth_largest_key(x, _per_row(k, x))[..., None]
-    else:
-        v = x.shape[-1]
-        want = jnp.where((k <= 0) | (k >= v), v, k)
-        # One above the k-th largest key: the smallest t with fewer than k keys >= t.
-        few = lambda t: jnp.sum(keys >= t, axis=-1, keepdims=True) < want
-        kth = _bisect(few, jnp.zeros_like(keys[..., :1]), jnp.max(keys, axis=-1, keepdims=True) + 1) - 1
-    return jnp.where(keys >= kth, x, -jnp.inf)
+    return jnp.where(ops.ordered(x) >= ops.kth_largest_key(x, _per_row(k, x), impl=impl), x, -jnp.inf)
 
 
-def _top_p(x: jax.Array, p: jax.Array, native: bool) -> jax.Array:
+def _top_p(x: jax.Array, p: jax.Array, impl: str) -> jax.Array:
     """Keep, per row, the tokens whose strictly more likely tokens hold less than p of the mass."""
     probs = jax.nn.softmax(x, axis=-1)
-    keys = _ordered(probs)
-    if native:
-        cut = cpu.top_p_cut_key(probs, _per_row(p, x))[..., None]
-    else:
-        # The smallest t whose mass above is below p (mass above t falls as t grows).
-        light = lambda t: jnp.sum(jnp.where(keys > t, probs, 0.0), axis=-1, keepdims=True) < p
-        cut = _bisect(light, _ordered(jnp.zeros_like(probs[..., :1])), jnp.max(keys, axis=-1, keepdims=True))
-    return jnp.where((keys >= cut) | (p >= 1.0), x, -jnp.inf)
+    cut = ops.top_p_cut_key(probs, _per_row(p, x), impl=impl)
+    return jnp.where((ops.ordered(probs) >= cut) | (p >= 1.0), x, -jnp.inf)
 
 
 def _per_row(setting: jax.Array, x: jax.Array) -> jax.Array:
@@ -114,20 +81,19 @@ def _per_row(setting: jax.Array, x: jax.Array) -> jax.Array:
 def process_logits(logits: jax.Array, params: SamplingParams, *, impl: str = "auto") -> jax.Array:
     """logits [B, ..., V] -> filtered, temperature-scaled logits (-inf outside
     the kept set), row b by params' row b (a greedy row keeps its logits)."""
-    native = resolve_impl(impl) == "native"
     s = params.at(logits.ndim)
     t = s.temperature
     x = logits.astype(jnp.float32) / jnp.where(t > 0, t, 1.0)
     x = jax.lax.cond(jnp.any((params.top_k > 0) & (params.top_k < x.shape[-1])),
-                     lambda x: _top_k(x, s.top_k, native), lambda x: x, x)
-    return jax.lax.cond(jnp.any(params.top_p < 1.0), lambda x: _top_p(x, s.top_p, native), lambda x: x, x)
+                     lambda x: _top_k(x, s.top_k, impl), lambda x: x, x)
+    return jax.lax.cond(jnp.any(params.top_p < 1.0), lambda x: _top_p(x, s.top_p, impl), lambda x: x, x)
 
 
 def probabilities(logits: jax.Array, params: SamplingParams, *, impl: str = "auto") -> jax.Array:
     """Processed distribution [B, ..., V] (float32, sums to 1); a greedy row's
     is one-hot at its argmax."""
     soft = jax.nn.softmax(process_logits(logits, params, impl=impl), axis=-1)
-    hard = jax.nn.one_hot(greedy(logits, impl="xla"), logits.shape[-1], dtype=jnp.float32)
+    hard = jax.nn.one_hot(ops.argmax(logits, impl="xla"), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(params.at(logits.ndim).temperature > 0, soft, hard)
 
 
@@ -177,26 +143,10 @@ def sample_probs(keys: jax.Array, probs: jax.Array, block: int = 256) -> jax.Arr
     return jnp.minimum(b * block + j, v - 1).astype(jnp.int32)  # an all-zero row stays in range
 
 
-def greedy(logits: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """argmax over the last axis (the first maximal index), int32.
-
-    Native: a vectorised max per row, then a scan that stops at the first
-    index reaching it. XLA: two vectorised reductions (max, then the smallest
-    index reaching it) over the whole row, since XLA:CPU runs jnp.argmax's joint
-    (value, index) reduction one element at a time (about 1.4 ms over
-    12 x 49k logits)."""
-    if resolve_impl(impl) == "native":
-        return cpu.argmax(logits)
-    v = logits.shape[-1]
-    peak = jnp.max(logits, axis=-1, keepdims=True)
-    first = jnp.min(jnp.where(logits == peak, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
-    return jnp.minimum(first, v - 1)  # a NaN row (no index reaches NaN) still gives a valid id
-
-
 def sample(keys, logits: jax.Array, params: SamplingParams | None, *, impl: str = "auto") -> jax.Array:
     """One token per row of logits [B, ..., V]: the argmax for greedy rows
     (every row when params is None), else a draw with row b's key (keys [B, 2])."""
-    top = greedy(logits, impl=impl)
+    top = ops.argmax(logits, impl=impl)
     if params is None:
         return top
     drawn = sample_probs(keys, jax.nn.softmax(process_logits(logits, params, impl=impl), axis=-1))

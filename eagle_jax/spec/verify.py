@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import SpecConfig
-from eagle_jax.spec.sampling import SamplingParams, greedy, probabilities, sample_probs, split_keys, uniform_rows
+from eagle_jax.kernels import ops
+from eagle_jax.spec.sampling import SamplingParams, probabilities, sample_probs, split_keys, uniform_rows
 from eagle_jax.spec.tree import DraftTree
 
 
@@ -40,7 +41,7 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingP
     accepted = jnp.zeros((b,), jnp.int32)
     path = [cur]
     if sampling is None:
-        choice = greedy(target_logits, impl=impl)  # [B, N]
+        choice = ops.argmax(target_logits, impl=impl)  # [B, N]
         for _ in range(depth):
             want = choice[rows, cur]
             ch = children[rows, cur]  # [B, width]

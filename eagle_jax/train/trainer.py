@@ -82,7 +82,7 @@ import numpy as np
 import optax
 
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
-from eagle_jax.kernels import resolve_impl
+from eagle_jax.kernels import ops
 from eagle_jax.models import drafter, target
 from eagle_jax.runtime import machine_info
 from eagle_jax.train import data as data_lib
@@ -587,24 +587,25 @@ class Trainer:
                                else jax.tree.map(lambda x: jnp.asarray(x, feature_dtype), target_params))
         # the decoder layers of the feature pass run on the native kernels' packed weights where they load
         # (benchmarks/results/analysis.md, "Training twice as fast on CPU")
-        self.forward_params = (target.prepare_for_decoding(self.feature_params, target_cfg, impl=cfg.impl)
-                               if resolve_impl(cfg.impl) == "native" else None)
+        self.impl = ops.resolve(cfg.impl)  # once: the jitted step and feature pass carry it
+        self.forward_params = (target.prepare_for_decoding(self.feature_params, target_cfg, impl=self.impl)
+                               if self.impl == "native" else None)
         self.param_dtype = _DTYPES[cfg.param_dtype]
         self.tx, self.schedule = make_optimizer(cfg)
         # Jitted functions are shared by trainers with the same static settings (a restarted
         # trainer in the same process does not compile again).
         step_key = ("step", self.dcfg, _optimizer_key(cfg), cfg.ttt_length, cfg.step_decay, cfg.labels,
-                    cfg.dtype, cfg.impl)
+                    cfg.dtype, self.impl)
         if step_key not in _JIT_CACHE:
             _JIT_CACHE[step_key] = make_train_step(self.dcfg, self.tx, ttt_length=cfg.ttt_length,
                                                    step_decay=cfg.step_decay, labels=cfg.labels,
-                                                   compute_dtype=self.compute_dtype, impl=cfg.impl)
+                                                   compute_dtype=self.compute_dtype, impl=self.impl)
         self.train_step = _JIT_CACHE[step_key]
-        feat_key = ("features", target_cfg, self.dcfg.aux_layer_ids, cfg.argmax_mode, cfg.impl,
+        feat_key = ("features", target_cfg, self.dcfg.aux_layer_ids, cfg.argmax_mode, self.impl,
                     cfg.feature_cache)
         if feat_key not in _JIT_CACHE:
             _JIT_CACHE[feat_key] = features_lib.make_feature_fn(
-                target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=cfg.impl,
+                target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=self.impl,
                 return_normed=cfg.feature_cache)
         self.feature_fn = _JIT_CACHE[feat_key]
         self.logits_fn = jax.jit(partial(features_lib.draft_vocab_logits, tcfg=target_cfg))

@@ -56,9 +56,9 @@ import optax
 
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig
+from eagle_jax.kernels import ops
 from eagle_jax.models import drafter
 from eagle_jax.models.layers import rotated_heads
-from eagle_jax.spec.sampling import greedy
 
 __all__ = ["LABELS", "step_masks", "dense_ttt_mask", "unroll", "unroll_reference", "ttt_loss", "shift_left"]
 
@@ -235,7 +235,7 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
     target's distribution over the draft vocab) or "hard" (its argmax, which
     on weighted positions is the full-vocab argmax). Returns (loss, metrics)
     with metrics ``loss_i``, ``acc_i``, ``count_i`` of shape [L]. The argmaxes
-    (the accuracy's, and the hard labels) run through `sampling.greedy` (`impl`:
+    (the accuracy's, and the hard labels) run through `ops.argmax` (`impl`:
     natively on CPU).
     """
     if labels not in LABELS:
@@ -251,7 +251,7 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
         lab = jnp.concatenate([lm[:, 2 + i:], jnp.zeros_like(lm[:, :1])], axis=1)  # mask[t+2+i]
         w = lab * iv[:, 1 + i:]
         d = logits[:, :n].astype(jnp.float32)
-        top = greedy(jax.lax.stop_gradient(tgt), impl=impl)
+        top = ops.argmax(jax.lax.stop_gradient(tgt), impl=impl)
         if labels == "soft":
             ce = optax.softmax_cross_entropy(d, jax.nn.softmax(tgt, axis=-1))
         else:
@@ -259,7 +259,7 @@ def ttt_loss(draft_logits: list[jax.Array], target_logits, in_vocab, loss_mask, 
         cnt = jnp.sum(w)
         denom = jnp.maximum(cnt, 1.0)
         loss_i = jnp.sum(ce * w) / denom
-        hit = (greedy(jax.lax.stop_gradient(d), impl=impl) == top).astype(jnp.float32)
+        hit = (ops.argmax(jax.lax.stop_gradient(d), impl=impl) == top).astype(jnp.float32)
         accs.append(jnp.sum(hit * w) / denom)
         losses.append(loss_i)
         counts.append(cnt)

@@ -82,10 +82,6 @@ class NativeKernelError(RuntimeError):
     """The native CPU kernels cannot be built or loaded here."""
 
 
-# Tests set this to a float (e.g. nan): `matmul` then hands the kernel an
-# output buffer pre-filled with it, so an element it fails to write keeps it.
-_POISON_OUTPUT: float | None = None
-
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
@@ -314,7 +310,7 @@ def fuses_swiglu(pw: PackedWeight) -> bool:
 
 
 def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps: float = 0.0,
-           segments: int = 1, residual=None, swiglu: bool = False) -> jax.Array:
+           segments: int = 1, residual=None, swiglu: bool = False, preset: float | None = None) -> jax.Array:
     """x [..., K] @ W -> [..., N] in out_dtype (float32 or bfloat16, rounded
     once from the f32 accumulator), W packed by `pack_weight`; x is cast to
     the weight's dtype.
@@ -325,6 +321,8 @@ def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps:
     residual [..., N]: return residual + y, y rounded first (`h + x @ W`).
     swiglu: W is [gate | up] with N/2 a multiple of 64; returns
     silu(gate) * up, [..., N/2], each factor rounded first.
+    preset: the kernel writes into an output buffer filled with this value
+    first, so an element it fails to write keeps it (the kernel tests pass NaN).
     """
     require()
     if x.shape[-1] != pw.k:
@@ -355,10 +353,10 @@ def matmul(x, pw: PackedWeight, out_dtype=jnp.float32, *, norm_weight=None, eps:
     epilogue = "swiglu" if swiglu else "plain" if residual is None else "residual"
     attrs = {"eps": np.float32(eps), "epilogue": np.int32(EPILOGUES[epilogue]),
              "segments": np.int32(segments), "amx": np.int32(pw.dtype == jnp.bfloat16 and amx())}
-    if _POISON_OUTPUT is None:
+    if preset is None:
         y = jax.ffi.ffi_call("eagle_matmul", out)(x2, pw.data, gamma, res, **attrs)
     else:
-        preset = jnp.full(out.shape, _POISON_OUTPUT, out_dtype)
+        preset = jnp.full(out.shape, preset, out_dtype)
         y = jax.ffi.ffi_call("eagle_matmul_into", out, input_output_aliases={4: 0})(
             x2, pw.data, gamma, res, preset, **attrs)
     return y.reshape(*lead, n_out)
