@@ -222,7 +222,7 @@ class DrafterConfig(_AttentionShape):
 @dataclass(frozen=True)
 class SamplingConfig:
     """One request's sampling rule for target (and draft) logits, validated;
-    the loop carries it as a row of `spec.sampling.SamplingParams`.
+    the loop carries it as a row of `spec_decode.sampling.SamplingParams`.
 
     temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters.
     """

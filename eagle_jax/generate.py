@@ -29,8 +29,8 @@ from eagle_jax.models import drafter as drafter_model
 from eagle_jax.models import target as target_model
 from eagle_jax.runtime import default_disable_by_batch_size, default_dtype, enable_compilation_cache
 from eagle_jax.sharding import MeshShape, make_mesh, shard_model
-from eagle_jax.spec import loop
-from eagle_jax.spec.stats import SpecStats, summarize
+from eagle_jax.spec_decode import loop
+from eagle_jax.spec_decode.stats import SpecStats, summarize
 from eagle_jax.stops import cut_at_stop
 
 
@@ -44,7 +44,7 @@ class GenerationResult:
     texts: list[str]
     finish_reasons: list[str]  # "eos", "stop", "length" (max_new_tokens) or "context"
     prompt_tokens: list[int]
-    stats: dict  # aggregate acceptance statistics (spec/stats.py definitions)
+    stats: dict  # aggregate acceptance statistics (spec_decode/stats.py definitions)
     row_stats: list[dict]
     ttft_s: float  # prefill + first token, wall time
     wall_s: float  # whole request, wall time

@@ -9,7 +9,7 @@ import jax
 from eagle_jax.config import SpecConfig
 from eagle_jax.generate import Generator
 from eagle_jax.engine.batch import batch_inputs
-from eagle_jax.spec import loop
+from eagle_jax.spec_decode import loop
 out = {}
 for name, spec in {"plain": None, "chain": SpecConfig("chain", num_speculative_tokens=3, disable_by_batch_size=None),
                    "tree": SpecConfig("tree", disable_by_batch_size=None)}.items():

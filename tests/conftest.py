@@ -105,7 +105,7 @@ def _release_compiled_programs():
 def _speculate_at_every_batch_size(monkeypatch):
     """Tests check speculative decoding at batch sizes past the CPU default of
     `disable_by_batch_size` (1): there, "auto" means always speculate.
-    tests/spec/test_disable_by_batch_size.py checks the default itself."""
+    tests/spec_decode/test_disable_by_batch_size.py checks the default itself."""
     import eagle_jax.generate
 
     monkeypatch.setattr(eagle_jax.generate, "default_disable_by_batch_size", lambda: None)

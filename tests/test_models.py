@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "spec"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "spec_decode"))
 import spec_helpers as H  # noqa: E402
 
 from eagle_jax.models import drafter, target  # noqa: E402

@@ -18,7 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.spec.sampling import SamplingParams, process_logits
+from eagle_jax.spec_decode.sampling import SamplingParams, process_logits
 
 SHAPES = [(4, 3, 49152), (16, 1, 49152), (4, 1, 8192)]  # a 4-row step verifying 3, 16 rows, draft vocab
 SETTINGS = {"top_k 8": (8, 1.0), "top_p 0.9": (0, 0.9), "both": (8, 0.9)}

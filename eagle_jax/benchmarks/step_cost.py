@@ -25,7 +25,7 @@ Measured in one run, each as a ratio to a baseline of the same run:
   plain step; tokens/s over the decode phase (prefill excluded), so the
   speedup is beside the step ratio.
 * `breakdown`: a `jax.profiler` trace of those runs, XLA op time per named
-  scope of the step (spec/loop.py: target, draft, accept, commit, drafter),
+  scope of the step (spec_decode/loop.py: target, draft, accept, commit, drafter),
   in ms per step.
 * `batched`: decode tokens/s with 16 rows against 1 row (plain, greedy).
 
@@ -201,7 +201,7 @@ def _trace_scopes(gen, max_new: int) -> dict:
         events = json.load(gzip.open(files[0]))["traceEvents"]
     steps = r.stats.get("num_verify_steps") or (r.num_generated - 1)
     # Op names -> scope, from the compiled loop's HLO metadata.
-    from eagle_jax.spec import loop
+    from eagle_jax.spec_decode import loop
     from eagle_jax.engine.batch import batch_inputs
 
     ids = gen.encode_prompts([PROMPT])

@@ -8,7 +8,7 @@ per prompt). This measures the quantity training optimises, on every
 response token: for TTT step i, the share of response positions where the
 drafter's top-1 (in the draft vocabulary, mapped to target ids) equals the
 target's greedy next token x_{t+2+i}, with the drafter fed the target's own
-text (tests/spec/test_drafter_alignment.py holds the engine to the same
+text (tests/spec_decode/test_drafter_alignment.py holds the engine to the same
 numbers). ``strict`` counts a target token outside the draft vocabulary as a
 miss (what the engine sees); ``in_vocab`` leaves those out (what the training
 loss sees).

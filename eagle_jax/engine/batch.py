@@ -30,9 +30,9 @@ import numpy as np
 
 from eagle_jax.engine.request import Sampling, sampling_arrays, to_device
 from eagle_jax.sharding import shard_cache, to_host
-from eagle_jax.spec import loop
-from eagle_jax.spec.sampling import row_keys
-from eagle_jax.spec.stats import SpecStats
+from eagle_jax.spec_decode import loop
+from eagle_jax.spec_decode.sampling import row_keys
+from eagle_jax.spec_decode.stats import SpecStats
 
 __all__ = ["BatchOutput", "padded_prompt_len", "batch_inputs", "run_batch"]
 

@@ -11,7 +11,7 @@ leave between steps. Its clients: the HTTP server (serve/), `Generator.stream`, 
 Words: a *row* is one sequence of the batch (a request runs in one row); a
 *cache slot* is one position of a row's KV cache (`max_len` of them a row).
 
-All rows live in one batched `DecodeState` (spec/loop.py) of `max_rows` rows,
+All rows live in one batched `DecodeState` (spec_decode/loop.py) of `max_rows` rows,
 each with `max_len` cache slots and one output width, so one compiled step
 serves every mix of requests. One host thread runs the loop:
 
@@ -36,7 +36,7 @@ serves every mix of requests. One host thread runs the loop:
 A free row is a done row: it emits nothing, and the next request written
 into it overwrites every leaf of the row. Sampling settings are per-row
 arrays of the state (a greedy row has temperature 0), so no setting
-recompiles anything. There is no separate all-greedy program (spec/sampling.py's
+recompiles anything. There is no separate all-greedy program (spec_decode/sampling.py's
 `None` settings): with 4 greedy rows on 2 busy cores the sampled step cost
 the same (plain 41.5 against 46 ms, chain k=3 90.4 against 90.5 ms). Every
 program is compiled at construction (`info()["warmup_s"]`).
@@ -77,8 +77,8 @@ import numpy as np
 from eagle_jax.engine.policy import DraftPolicy, draft_depths
 from eagle_jax.engine.request import (Delta, Done, EngineError, Request, Sampling,
                                       sampling_arrays, spec_counts, to_device)
-from eagle_jax.spec import loop
-from eagle_jax.spec.sampling import SamplingParams, row_keys
+from eagle_jax.spec_decode import loop
+from eagle_jax.spec_decode.sampling import SamplingParams, row_keys
 from eagle_jax.stops import StreamText
 
 __all__ = ["Engine", "fitting_max_len"]

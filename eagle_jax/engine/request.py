@@ -11,7 +11,7 @@
 top-p, seed, stop strings and the new-token limit, checked when it is made
 (a ValueError names the bad one). `sampling_arrays` turns the settings of
 some rows into the per-row device arrays the loop samples with
-(spec/sampling.py's `SamplingParams`).
+(spec_decode/sampling.py's `SamplingParams`).
 
 The engine runs requests on its own thread and hands events back with
 `Request.push`, which is thread-safe. Stop strings are the engine's job (no
@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from eagle_jax.config import SamplingConfig
-from eagle_jax.spec.sampling import SamplingParams
+from eagle_jax.spec_decode.sampling import SamplingParams
 
 __all__ = ["Sampling", "sampling_arrays", "to_device", "Delta", "Done", "SpecCounts", "Request", "EngineError",
            "spec_counts"]

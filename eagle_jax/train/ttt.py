@@ -6,7 +6,7 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
 
 * The drafter works on *drafter positions* ``t = 0 .. T-1``; at inference its
   cache entry ``t`` pairs the target features of position ``t`` with the
-  token ``x_{t+1}`` (``eagle_jax.spec.loop``).
+  token ``x_{t+1}`` (``eagle_jax.spec_decode.loop``).
 * Step ``i`` (``0 <= i < L``) at drafter position ``t``:
     - hidden input: ``fc(a_t)`` for ``i = 0`` (``Drafter.project_features``),
       else the feedback of step ``i-1`` at the same ``t`` (pre-norm for
@@ -19,7 +19,7 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
       the draft vocab, i.e. renormalised over it).
   This is what chain drafting does: at step ``i`` of a draft rooted at
   drafter position ``t`` the token fed is the ``i``-th drafted token, at
-  RoPE position ``t + i`` (``spec/tree.py``: level ``l`` at ``lengths + l - 1``).
+  RoPE position ``t + i`` (``spec_decode/tree.py``: level ``l`` at ``lengths + l - 1``).
 * Loss weight of (step ``i``, position ``t``): ``loss_mask[t+2+i] == 1`` (the
   predicted token is a response token: train/data.py indexes the mask by the
   *label* position), ``t+2+i < T``, and the target's full-vocab argmax at

@@ -25,7 +25,7 @@ from eagle_jax.generate import Generator
 from eagle_jax.engine import Delta, DraftPolicy, Engine, EngineError, Sampling, draft_depths, fitting_max_len
 from eagle_jax.serve.app import make_server
 from eagle_jax.serve.cli import add_arguments
-from eagle_jax.spec import loop
+from eagle_jax.spec_decode import loop
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):", "Once upon a time",
            "The largest planet is", "Water boils at", "My favourite colour is"]

@@ -32,7 +32,7 @@ if join:
 
     initialize_distributed(*join)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec_decode"))
 import spec_helpers as H  # noqa: E402
 
 from eagle_jax.config import ConfigError, SpecConfig, TargetConfig  # noqa: E402
@@ -44,7 +44,7 @@ from eagle_jax.engine import Engine  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
 from eagle_jax.models.drafter import Drafter  # noqa: E402
 from eagle_jax.sharding import make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
-from eagle_jax.spec import loop  # noqa: E402
+from eagle_jax.spec_decode import loop  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
 # divides them.

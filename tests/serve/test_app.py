@@ -167,7 +167,7 @@ def test_seed_makes_sampling_repeatable(served, client):
 
 
 def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
-    from eagle_jax.spec import loop
+    from eagle_jax.spec_decode import loop
 
     _, url = served
 

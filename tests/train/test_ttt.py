@@ -83,7 +83,7 @@ def test_unroll_matches_plain_steps():
         n = int(lengths[row])
         np.testing.assert_allclose(np.asarray(got[0][row, :n]), np.asarray(l0[row, :n]), rtol=1e-5, atol=1e-5)
 
-    # Steps >= 1: what chain drafting does at inference (spec/tree.py), rooted at drafter
+    # Steps >= 1: what chain drafting does at inference (spec_decode/tree.py), rooted at drafter
     # position r of row 0 (padding is irrelevant for row 0): the context cache holds the step-0
     # entries 0..r (written for all T positions, only r+1 committed: the rest is invisible and
     # overwritten); step i feeds token x_{r+1+i} at position r+i with the previous feedback and

@@ -468,7 +468,7 @@ def argmax(x):
 
 
 # ---------------------------------------------------------------------------
-# Sampling filter thresholds (eagle_jax.spec.sampling)
+# Sampling filter thresholds (eagle_jax.spec_decode.sampling)
 # ---------------------------------------------------------------------------
 
 

@@ -86,7 +86,7 @@ def test_the_decoding_loop_copies_no_cache(spec):
     """The compiled loop threads both KV caches through in-place kernel calls:
     no `copy` of a cache-sized buffer (the drafted K/V are scratch in the
     drafter cache, which the roll-forward then overwrites)."""
-    from eagle_jax.spec import loop
+    from eagle_jax.spec_decode import loop
 
     tcfg, tparams = native_target()
     d = smollm2_random_drafter(tcfg, "eagle3.1", draft_vocab=6, scale=0.3)

@@ -17,7 +17,7 @@ from eagle_jax.engine.batch import batch_inputs
 from eagle_jax.generate import Generator
 from eagle_jax.kernels import cpu
 from eagle_jax.models import target
-from eagle_jax.spec import loop
+from eagle_jax.spec_decode import loop
 
 from spec_helpers import random_prompts, smollm2_random_drafter
 

@@ -1,4 +1,4 @@
-"""Tiny random targets and drafters for engine tests (imported by tests/spec/*)."""
+"""Tiny random targets and drafters for engine tests (imported by tests/spec_decode/*)."""
 
 import dataclasses
 

@@ -17,7 +17,7 @@ import pytest
 from eagle_jax.config import SpecConfig
 from eagle_jax.engine.batch import batch_inputs
 from eagle_jax.models import drafter
-from eagle_jax.spec import loop
+from eagle_jax.spec_decode import loop
 
 from spec_helpers import random_prompts
 from test_step_rows import IMPLS, _generator, _prefilled

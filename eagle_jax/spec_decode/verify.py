@@ -19,8 +19,8 @@ import jax.numpy as jnp
 
 from eagle_jax.config import SpecConfig
 from eagle_jax.kernels import ops
-from eagle_jax.spec.sampling import SamplingParams, probabilities, sample_probs, split_keys, uniform_rows
-from eagle_jax.spec.tree import DraftTree
+from eagle_jax.spec_decode.sampling import SamplingParams, probabilities, sample_probs, split_keys, uniform_rows
+from eagle_jax.spec_decode.tree import DraftTree
 
 
 def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingParams | None, keys, *,

@@ -6,9 +6,9 @@ from eagle_jax.generate import Generator
 from spec_helpers import smollm2_random_drafter
 
 
-def test_stream_equals_generate(smollm2):
-    d = smollm2_random_drafter(smollm2.cfg, "eagle3.1")
-    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer, drafter=d,
+def test_stream_equals_generate(smollm2_target):
+    d = smollm2_random_drafter(smollm2_target.cfg, "eagle3.1")
+    gen = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer, drafter=d,
                     spec=SpecConfig("chain", num_speculative_tokens=3))
     prompt = "Name three colours."
     stream = gen.stream(prompt, max_new_tokens=20)
@@ -20,16 +20,16 @@ def test_stream_equals_generate(smollm2):
     assert stream.finish_reason == full.finish_reasons[0]
 
 
-def test_stream_finish_reason_eos(smollm2):
-    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer)
+def test_stream_finish_reason_eos(smollm2_target):
+    gen = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer)
     full = gen.generate(["Reply with one word: yes or no?"], max_new_tokens=40)
     assert full.finish_reasons == ["eos"]  # a short answer ends before the budget
     stream = gen.stream("Reply with one word: yes or no?", max_new_tokens=40)
     assert "".join(stream) == full.texts[0] and stream.finish_reason == "eos"
 
 
-def test_stream_stops_at_stop_string(smollm2):
-    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer)
+def test_stream_stops_at_stop_string(smollm2_target):
+    gen = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer)
     full = gen.generate(["Count from one to ten in words."], max_new_tokens=30).texts[0]
     words = full.split()
     assert len(words) > 3

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache
 from eagle_jax.config import SpecConfig
 from eagle_jax.models import drafter
-from eagle_jax.spec.sampling import SamplingParams, probabilities, sample_probs, split_keys
+from eagle_jax.spec_decode.sampling import SamplingParams, probabilities, sample_probs, split_keys
 
 # Each level costs this much score, so a child always ranks strictly below its
 # parent and any top-(N-1) selection is closed under taking ancestors.

@@ -17,7 +17,7 @@ from scipy import stats
 from eagle_jax.config import SamplingConfig, SpecConfig
 from eagle_jax.generate import Generator, PromptError
 from eagle_jax.models import target
-from eagle_jax.spec.sampling import SamplingParams, probabilities
+from eagle_jax.spec_decode.sampling import SamplingParams, probabilities
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target
 

@@ -24,8 +24,8 @@ from scipy import stats
 from eagle_jax.config import SamplingConfig, SpecConfig
 from eagle_jax.kernels import cpu
 from eagle_jax.generate import Generator, PromptError
-from eagle_jax.spec import loop
-from eagle_jax.spec.sampling import SamplingParams, process_logits, row_keys, sample_probs
+from eagle_jax.spec_decode import loop
+from eagle_jax.spec_decode.sampling import SamplingParams, process_logits, row_keys, sample_probs
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target
 

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 from eagle_jax.cache import KVCache
 from eagle_jax.config import DrafterConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter, target
-from eagle_jax.spec import tree as tree_lib
-from eagle_jax.spec.sampling import SamplingParams, sample, split_keys
-from eagle_jax.spec.stats import SpecStats
-from eagle_jax.spec.verify import accept
+from eagle_jax.spec_decode import tree as tree_lib
+from eagle_jax.spec_decode.sampling import SamplingParams, sample, split_keys
+from eagle_jax.spec_decode.stats import SpecStats
+from eagle_jax.spec_decode.verify import accept
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class DecodeState:
     done: jax.Array  # [B] bool
     prompt_len: jax.Array  # [B]
     max_new: jax.Array  # [B]
-    keys: jax.Array  # [B, 2] one PRNG key per row (spec/sampling.py)
+    keys: jax.Array  # [B, 2] one PRNG key per row (spec_decode/sampling.py)
     sampling: SamplingParams | None  # per-row settings; None: every row greedy
     stats: SpecStats
     # With lc.catch_up_width, what the drafter has not read yet, by position: the target's

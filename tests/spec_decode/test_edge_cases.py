@@ -6,8 +6,8 @@ import pytest
 
 from eagle_jax.config import SpecConfig
 from eagle_jax.generate import Generator, PromptError
-from eagle_jax.spec import loop
-from eagle_jax.spec.stats import SpecStats
+from eagle_jax.spec_decode import loop
+from eagle_jax.spec_decode.stats import SpecStats
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target, with_eos
 

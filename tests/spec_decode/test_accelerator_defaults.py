@@ -45,7 +45,7 @@ def test_loop_copies_no_cache(spec, unroll):
     import math
     import re
 
-    from eagle_jax.spec import loop
+    from eagle_jax.spec_decode import loop
 
     tcfg, tparams = tiny_target(vocab=8)
     d = tiny_drafter(tcfg, "eagle3.1", draft_vocab=6)

@@ -36,13 +36,13 @@ def test_tiny_targets_batch_and_single(qwen3, variant, spec):
     ("eagle3", CHAIN, 1), pytest.param("eagle3.1", TREE, 1, marks=pytest.mark.slow),
     pytest.param("eagle3", TREE, 5, marks=pytest.mark.slow), ("eagle3.1", CHAIN, 5)],
     ids=["eagle3-chain-b1", "eagle31-tree-b1", "eagle3-tree-b5", "eagle31-chain-b5"])
-def test_smollm2_random_drafter(smollm2, variant, spec, batch):
+def test_smollm2_random_drafter(smollm2_target, variant, spec, batch):
     texts = ["What is the capital of France?", "Write a haiku about the sea.",
              "List three prime numbers and explain why each one is prime, briefly.",
              "Hi", "Translate 'good morning' into Spanish, French and German."][:batch]
-    plain = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer)
-    d = smollm2_random_drafter(smollm2.cfg, variant)
-    gen = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer, drafter=d, spec=spec)
+    plain = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer)
+    d = smollm2_random_drafter(smollm2_target.cfg, variant)
+    gen = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer, drafter=d, spec=spec)
     ref = plain.generate(texts, max_new_tokens=24)
     out = gen.generate(texts, max_new_tokens=24)
     assert out.token_ids == ref.token_ids
@@ -50,13 +50,13 @@ def test_smollm2_random_drafter(smollm2, variant, spec, batch):
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m-eagle3.1", pytest.param("smollm2-135m-eagle3", marks=pytest.mark.slow)])
-def test_bundled_drafter_matches_plain(smollm2, name):
+def test_bundled_drafter_matches_plain(smollm2_target, name):
     """The shipped (trained) drafters load by name and keep greedy output exact."""
     from eagle_jax.convert.bundled import load_drafter_by_name
 
-    d = load_drafter_by_name(name, smollm2.cfg, "smollm2-135m-instruct")
+    d = load_drafter_by_name(name, smollm2_target.cfg, "smollm2-135m-instruct")
     texts = ["Write a Python function that returns the square of a number.", "What is 7 times 8?"]
-    ref = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer).generate(texts, max_new_tokens=24)
-    out = Generator(smollm2.cfg, smollm2.params, smollm2.tokenizer, drafter=d).generate(texts, max_new_tokens=24)
+    ref = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer).generate(texts, max_new_tokens=24)
+    out = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer, drafter=d).generate(texts, max_new_tokens=24)
     assert out.token_ids == ref.token_ids
     assert out.stats["accepted_tokens"] > 0
