@@ -109,3 +109,116 @@ def _speculate_at_every_batch_size(monkeypatch):
     import eagle_jax.generate
 
     monkeypatch.setattr(eagle_jax.generate, "default_disable_by_batch_size", lambda: None)
+
+
+# ----------------------------------------------------------------------------- test tiers
+
+# The default tier (`make test`, CI: at most 15 minutes on 2 cores) keeps one case of each
+# property; these cases repeat a property a default case checks (another method, impl, width,
+# dtype or variant of the same comparison) or run a whole benchmark or training at many times
+# its cost. They are marked `slow` here, in one list, and run with `make test-slow` (with the
+# cases decorated `@pytest.mark.slow` in their files: meshes, two processes, server load).
+SLOW = {
+    # decoding properties, checked in the default tier by the variant named after each
+    "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[tree]": "chain",
+    "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[tree]":
+        "chain",
+    "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[plain]":
+        "chain; lossless seeded [plain]",
+    "tests/spec_decode/test_native_equivalence.py::test_smollm2_bundled_drafter_native[float32]": "bfloat16",
+    "tests/spec_decode/test_native_equivalence.py::test_fp32_exact_at_head_dim_64[tree]": "chain",
+    "tests/spec_decode/test_drafter_alignment.py::test_engine_acceptance_equals_teacher_forced_simulation[1-eagle3]":
+        "[1-eagle3.1], [3-eagle3.1]",
+    "tests/spec_decode/test_drafter_alignment.py::test_engine_acceptance_equals_teacher_forced_simulation[3-eagle3]":
+        "[1-eagle3.1], [3-eagle3.1]",
+    "tests/spec_decode/test_accelerator_defaults.py::test_scanned_layers_greedy_equivalence[chain-interpret]":
+        "[chain-xla], [tree-xla]; the Pallas impls against XLA in tests/kernels",
+    "tests/spec_decode/test_accelerator_defaults.py::test_scanned_layers_greedy_equivalence[tree-interpret]":
+        "[chain-xla], [tree-xla]",
+    "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_greedy_output[0-chain-xla]":
+        "[2-tree-xla] and the native variants",
+    "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_greedy_output[0-tree-xla]":
+        "[2-tree-xla] and the native variants",
+    "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_greedy_output[2-chain-xla]":
+        "[2-tree-xla] and the native variants",
+    "tests/spec_decode/test_step_rows.py::test_step_rows_steps_the_head_and_leaves_the_tail[chain-xla]":
+        "[tree-xla] and the native variants",
+    "tests/spec_decode/test_step_rows.py::test_step_rows_steps_the_head_and_leaves_the_tail[plain-xla]":
+        "[tree-xla] and the native variants",
+    "tests/spec_decode/test_greedy_equivalence.py::test_smollm2_random_drafter[eagle3-chain-b1]": "[eagle31-chain-b5]",
+    "tests/spec_decode/test_greedy_equivalence.py::test_tiny_targets_batch_and_single[qwen3-eagle3-tree]":
+        "[llama-eagle31-tree], [qwen3-eagle31-chain]",
+    "tests/spec_decode/test_greedy_equivalence.py::test_tiny_targets_batch_and_single[llama-eagle3-chain]":
+        "[llama-eagle31-tree], [qwen3-eagle31-chain]",
+    "tests/kernels/test_model_impls.py::test_drafter_logits_xla_vs_interpret[eagle3]": "[eagle3.1]",
+    "tests/kernels/test_model_impls.py::test_target_logits_xla_vs_interpret[False]": "[True]",
+    "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[plain]": "chain",
+    "tests/spec_decode/test_lossless.py::test_same_seed_same_output": "seeded rows alone and in a batch [chain]",
+    "tests/spec_decode/test_accelerator_defaults.py::test_scanned_layers_greedy_equivalence[tree-xla]": "[chain-xla]",
+    "tests/spec_decode/test_accelerator_defaults.py::test_loop_copies_no_cache[chain-unrolled]":
+        "[chain-scanned], [tree-unrolled]",
+    "tests/spec_decode/test_accelerator_defaults.py::test_loop_copies_no_cache[tree-scanned]":
+        "[chain-scanned], [tree-unrolled]",
+    "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_greedy_output[0-tree-native]":
+        "[0-chain-native], [2-tree-native]",
+    "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_greedy_output[2-chain-native]":
+        "[0-chain-native], [2-tree-native]",
+    "tests/spec_decode/test_greedy_equivalence.py::test_tiny_targets_batch_and_single[qwen3-eagle31-chain]":
+        "[llama-eagle31-tree]; Qwen3 logits against transformers in tests/convert",
+    "tests/spec_decode/test_greedy_equivalence.py::test_smollm2_random_drafter[eagle31-chain-b5]":
+        "test_bundled_drafter_matches_plain, the tiny targets' batches",
+    "tests/spec_decode/test_drafter_alignment.py::test_engine_acceptance_equals_teacher_forced_simulation[1-eagle3.1]":
+        "[3-eagle3.1]",
+    "tests/spec_decode/test_edge_cases.py::test_context_edge[1]": "[3]",
+    "tests/spec_decode/test_disable_by_batch_size.py::test_batches_over_the_limit_decode_plainly[tree]": "chain",
+    "tests/train/test_ttt.py::test_fast_unroll_equals_reference[variant0]": "[variant1], [variant2]",
+    "tests/convert/test_drafter_formats.py::test_chain_matches_torch_reference[eagle3-native]": "[eagle31-native]",
+    # the engine: the tree variants of the any-method cases (chain and plain stay)
+    "tests/engine/test_engine.py::test_staggered_greedy_requests_match_each_alone[tree]": "chain, plain",
+    "tests/engine/test_engine.py::test_a_long_prompt_is_prefilled_between_the_running_rows_steps[tree]":
+        "chain, plain",
+    "tests/engine/test_engine.py::test_a_long_prompt_is_prefilled_between_the_running_rows_steps[plain]":
+        "chain",
+    "tests/engine/test_engine.py::test_warm_up_is_reported[plain]": "chain",
+    "tests/engine/test_engine.py::test_new_sampling_settings_compile_nothing[plain]": "chain",
+    "tests/engine/test_engine.py::test_steps_over_more_rows_than_disable_by_batch_size_are_plain":
+        "tests/spec_decode/test_disable_by_batch_size.py; the adaptive engine's cases",
+    "tests/cli/test_cli.py::test_batch_over_disable_by_batch_size_decodes_plainly":
+        "tests/spec_decode/test_disable_by_batch_size.py",
+    # training, state and benchmarks run whole
+    "tests/train/test_trainer.py::test_training_improves_acceptance": "the trainer's step and resume cases",
+    "tests/train/test_trainer.py::test_sigkill_resumes_from_last_checkpoint":
+        "test_resume_reproduces_uninterrupted_run (a stopped run resumes from its checkpoint)",
+    "tests/train/test_trainer.py::test_resume_with_changed_settings_is_logged_and_carded":
+        "test_resume_reproduces_uninterrupted_run",
+    "tests/train/test_trainer.py::test_init_from_a_narrower_mlp_widens_it_without_changing_the_function":
+        "test_init_from_a_smaller_vocabulary_widens_the_head",
+    "tests/train/test_state.py::test_resume_from_a_committed_state_on_a_fresh_checkout":
+        "the other state cases",
+    "tests/benchmarks/test_teacher_forced.py::test_same_text_same_accuracy_in_both_sets": "a whole benchmark",
+    "tests/benchmarks/test_learning_curve.py::test_trainer_appends_its_point": "a training run and its benchmark",
+    "tests/benchmarks/test_device_check.py::test_dry_run_end_to_end": "the device check's unit cases",
+    "tests/convert/test_target_loaders.py::test_converted_cache_second_load_is_bit_identical":
+        "the loaders' cases against transformers",
+    "tests/convert/test_published_configs.py::test_sliding_window_attention_matches_brute_force":
+        "the published configs' loading cases",
+    # meshes (the 2x4, 8x1 and two-process runs are decorated slow in the file)
+    "tests/mesh/test_mesh.py::test_greedy_output_on_a_1x8_mesh_equals_the_unsharded_run":
+        "the mesh's unit cases (grouped columns, refusals)",
+    "tests/serve/test_app.py::test_load_with_streams_and_clients_leaving": "server load",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the cases of `SLOW` slow (before `-m` deselects by mark); a listed case that a
+    wholly collected file no longer has is an error, so the list cannot go stale silently."""
+    ids = {item.nodeid for item in items}
+    files = {nodeid.split("::")[0] for nodeid in ids}
+    whole_files = not config.option.keyword and not any("::" in str(a) for a in config.args)
+    stale = sorted(n for n in SLOW if n.split("::")[0] in files and n not in ids) if whole_files else []
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW lists cases that do not exist: {stale}")
+    for item in items:
+        if item.nodeid in SLOW:
+            item.add_marker(pytest.mark.slow)

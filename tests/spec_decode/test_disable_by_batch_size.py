@@ -46,12 +46,12 @@ def test_none_always_speculates(tiny):
 def test_auto_is_the_backend_default(tiny, monkeypatch, native, wide, amx, limit):
     """On CPU: batches up to 4 speculate with the native kernels on AMX tiles, batch 1 on AVX-512
     vectors; elsewhere nothing does."""
-    from eagle_jax import kernels
-    from eagle_jax.kernels import cpu
+    from eagle_jax.kernels import cpu, ops
 
     monkeypatch.undo()  # the suite-wide fixture makes "auto" mean "always"; check the real default
     assert eagle_jax.generate.default_disable_by_batch_size is runtime.default_disable_by_batch_size
-    monkeypatch.setattr(kernels, "resolve_impl", lambda impl: "native" if native else "xla")
+    monkeypatch.setattr(ops, "is_native", lambda impl: native)
+    monkeypatch.setattr(cpu, "available", lambda: native)
     monkeypatch.setattr(cpu, "wide_vectors", lambda: wide)
     monkeypatch.setattr(cpu, "amx", lambda: amx)
     assert runtime.default_disable_by_batch_size() == limit  # the suite runs on CPU

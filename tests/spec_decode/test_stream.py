@@ -1,5 +1,7 @@
 """Streaming yields the same text as batch generation, piece by piece."""
 
+import pytest
+
 from eagle_jax.config import SpecConfig
 from eagle_jax.generate import Generator
 
@@ -20,16 +22,22 @@ def test_stream_equals_generate(smollm2_target):
     assert stream.finish_reason == full.finish_reasons[0]
 
 
-def test_stream_finish_reason_eos(smollm2_target):
-    gen = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer)
+@pytest.fixture(scope="module")
+def plain(smollm2_target):
+    """One plain generator: its stream engine is made by the first stream and kept."""
+    return Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer)
+
+
+def test_stream_finish_reason_eos(plain):
+    gen = plain
     full = gen.generate(["Reply with one word: yes or no?"], max_new_tokens=40)
     assert full.finish_reasons == ["eos"]  # a short answer ends before the budget
     stream = gen.stream("Reply with one word: yes or no?", max_new_tokens=40)
     assert "".join(stream) == full.texts[0] and stream.finish_reason == "eos"
 
 
-def test_stream_stops_at_stop_string(smollm2_target):
-    gen = Generator(smollm2_target.cfg, smollm2_target.params, smollm2_target.tokenizer)
+def test_stream_stops_at_stop_string(plain):
+    gen = plain
     full = gen.generate(["Count from one to ten in words."], max_new_tokens=30).texts[0]
     words = full.split()
     assert len(words) > 3
