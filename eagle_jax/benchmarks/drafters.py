@@ -18,7 +18,8 @@ def random_drafter(variant: str, target, seed: int = 0):
     import jax.numpy as jnp
 
     from eagle_jax.models.drafter import DraftVocab
-    from eagle_jax.train.trainer import TrainConfig, build_drafter_config, init_drafter_params
+    from eagle_jax.train.config import TrainConfig
+    from eagle_jax.train.initialize import build_drafter_config, init_drafter_params
 
     dcfg = build_drafter_config(target.cfg, TrainConfig(variant=variant))
     vocab = DraftVocab.from_target_ids(jnp.arange(dcfg.draft_vocab_size), target.cfg.vocab_size)

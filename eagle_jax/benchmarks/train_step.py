@@ -45,7 +45,7 @@ SETTINGS = [("float32", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloa
 
 
 def measure(dtype: str, target_dtype: str, batches: int, draft_vocab_size: int, out_dir: str) -> dict:
-    from eagle_jax.train.trainer import iter_batches
+    from eagle_jax.train.step import iter_batches
 
     tr = _trainer({"init_from": DRAFTER, "dtype": dtype, "target_dtype": target_dtype,
                    "draft_vocab_size": draft_vocab_size, "max_conversations": 400,

@@ -79,7 +79,7 @@ _FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "re
 def load_config(args) -> "TrainConfig":
     import yaml
 
-    from eagle_jax.train.trainer import TrainConfig
+    from eagle_jax.train.config import TrainConfig
 
     d: dict = {}
     where = "config"
@@ -153,7 +153,7 @@ def prepare(cfg):
                                                           "n_convs": len(train), "content": content})
     freqs = vocab_lib.token_frequencies(examples, lt.cfg.vocab_size)
     vd = min(cfg.draft_vocab_size, lt.cfg.vocab_size)
-    from eagle_jax.train.trainer import build_drafter_config, init_source, load_init_drafter
+    from eagle_jax.train.initialize import build_drafter_config, init_source, load_init_drafter
 
     source = init_source(cfg)
     if source:  # the starting drafter's vocabulary, widened by this data's most frequent ids if asked

@@ -117,7 +117,7 @@ def widen_draft_vocab(
     The ids of ``d2t`` stay; the ``draft_vocab_size - len(d2t)`` most frequent
     ids outside it (by ``freqs``, ties broken by the lower id) are added, and
     all are sorted ascending.  A trained drafter widened this way keeps every
-    column of its head (``eagle_jax.train.trainer.widen_lm_head``).
+    column of its head (``eagle_jax.train.initialize.widen_lm_head``).
     """
     old = draft_to_target_ids(d2t)
     if not len(old) <= draft_vocab_size <= target_vocab_size:

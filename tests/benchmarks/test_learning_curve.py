@@ -57,7 +57,8 @@ def test_trainer_appends_its_point(tiny, heldout_path, tmp_path, monkeypatch):
     from eagle_jax.generate import Generator
     from eagle_jax.train import data
     from eagle_jax.train import vocab as V
-    from eagle_jax.train.trainer import Trainer, TrainConfig
+    from eagle_jax.train.config import TrainConfig
+    from eagle_jax.train.trainer import Trainer
 
     tcfg, tparams, tok = tiny
     curve = tmp_path / "curve.jsonl"

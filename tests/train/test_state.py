@@ -105,7 +105,7 @@ def test_state_pointing_at_a_committed_drafter_survives_a_move(setup, tmp_path):
 
 
 def test_state_errors(setup, tmp_path):
-    from eagle_jax.train.trainer import TrainConfig
+    from eagle_jax.train.config import TrainConfig
 
     with pytest.raises(ConfigError, match="no state.json"):
         S.read_state(tmp_path)

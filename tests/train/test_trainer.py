@@ -64,7 +64,7 @@ def make_vocab(examples, size=128):
 
 
 def small_cfg(out, **kw):
-    from eagle_jax.train.trainer import TrainConfig
+    from eagle_jax.train.config import TrainConfig
 
     base = dict(output_dir=str(out), steps=10, batch_size=4, seq_len=64, draft_vocab_size=128,
                 ttt_length=3, lr=3e-3, warmup_steps=3, save_every=2, max_to_keep=3, progress=False,
@@ -129,7 +129,7 @@ def test_feature_cache_round_trip(setup, tmp_path):
 
     tparams, train, vocab = setup
     tr = Trainer(small_cfg(tmp_path, feature_cache=True), TCFG, tparams, train, vocab)
-    from eagle_jax.train.trainer import iter_batches
+    from eagle_jax.train.step import iter_batches
 
     batch = next(iter_batches(train, 4, 64))
     online = tr.batch_features(batch)  # computes and stores
@@ -152,7 +152,7 @@ def test_feature_cache_round_trip(setup, tmp_path):
 
 def test_iter_batches_matches_data_batches(setup):
     from eagle_jax.train import data
-    from eagle_jax.train.trainer import iter_batches
+    from eagle_jax.train.step import iter_batches
 
     _, train, _ = setup
     ref = list(data.batches(train, 4, 64, seed=3, epochs=2))
@@ -167,7 +167,7 @@ def test_iter_batches_matches_data_batches(setup):
 # ----------------------------------------------------------------------------- init
 
 def test_init_copies_target_head_and_norm(setup):
-    from eagle_jax.train.trainer import build_drafter_config, init_drafter_params
+    from eagle_jax.train.initialize import build_drafter_config, init_drafter_params
 
     tparams, _, vocab = setup
     dcfg = build_drafter_config(TCFG, small_cfg("/tmp/unused", variant="eagle3.1"))
@@ -182,7 +182,8 @@ def test_init_copies_target_head_and_norm(setup):
 # ----------------------------------------------------------------------------- resume
 
 def test_resume_reproduces_uninterrupted_run(setup, reference, tmp_path):
-    from eagle_jax.train.trainer import Trainer, read_log
+    from eagle_jax.train.card import read_log
+    from eagle_jax.train.trainer import Trainer
 
     tparams, train, vocab = setup
     ref_params, ref_log = reference
@@ -203,7 +204,8 @@ def test_resume_reproduces_uninterrupted_run(setup, reference, tmp_path):
 
 
 def test_resume_with_changed_settings_is_logged_and_carded(setup, tmp_path):
-    from eagle_jax.train.trainer import Trainer, read_log
+    from eagle_jax.train.card import read_log
+    from eagle_jax.train.trainer import Trainer
 
     tparams, train, vocab = setup
     Trainer(small_cfg(tmp_path, steps=4, export=False), TCFG, tparams, train, vocab).run()
@@ -326,7 +328,8 @@ def test_config_errors_and_overrides(tmp_path):
 def test_training_improves_acceptance(setup, tmp_path):
     """200 steps: loss falls, and tau through the real engine beats the untrained drafter."""
     from eagle_jax.convert.drafter_formats import load_drafter
-    from eagle_jax.train.trainer import Trainer, read_log
+    from eagle_jax.train.card import read_log
+    from eagle_jax.train.trainer import Trainer
 
     tparams, _, _ = setup
     train, _ = greedy_examples(tparams, 96, seed=2)
@@ -500,7 +503,8 @@ def test_feature_pass_on_packed_weights_matches_the_xla_pass(setup, tmp_path):
     """Where the native kernels load, the trainer's feature pass runs the decoder layers on packed
     weights: the features of the plain XLA pass up to f32 summation order."""
     from eagle_jax.train import features as F
-    from eagle_jax.train.trainer import Trainer, iter_batches
+    from eagle_jax.train.step import iter_batches
+    from eagle_jax.train.trainer import Trainer
 
     tparams, train, vocab = setup
     tr = Trainer(small_cfg(tmp_path, steps=2), TCFG, tparams, train, vocab)
@@ -523,7 +527,8 @@ def test_bf16_drafter_gradient_equals_autodiff(setup, tmp_path):
     jnp.dot up to rounding the dots' cotangents to bf16, and the compiled step holds the
     transposes."""
     from eagle_jax.train import ttt
-    from eagle_jax.train.trainer import Trainer, iter_batches
+    from eagle_jax.train.step import iter_batches
+    from eagle_jax.train.trainer import Trainer
 
     tparams, train, vocab = setup
     tr = Trainer(small_cfg(tmp_path, steps=2, dtype="bfloat16"), TCFG, tparams, train, vocab)
@@ -555,7 +560,8 @@ def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
     """target_dtype: the features are those of the bf16-cast target (an independent feature fn), handed to the
     float32 drafter as float32; the drafter's parameters and step stay float32."""
     from eagle_jax.train import features as F
-    from eagle_jax.train.trainer import Trainer, iter_batches
+    from eagle_jax.train.step import iter_batches
+    from eagle_jax.train.trainer import Trainer
 
     tparams, train, vocab = setup
     tr = Trainer(small_cfg(tmp_path / "a", steps=2, target_dtype="bfloat16"), TCFG, tparams, train, vocab)
