@@ -6,8 +6,9 @@
 A state is a directory holding ``state.json``:
 
 * ``drafter``: the drafter weights the state stands for, a path relative to
-  the state directory: ``drafter`` (a copy written by ``export_state``,
-  speculators format, bf16 or the run's ``export_dtype``) or a drafter
+  the state directory: ``drafter-<step>-<tag>`` (a copy written by
+  ``export_state``, speculators format, bf16 or the run's ``export_dtype``;
+  ``drafter`` in states written before versioned copies) or a drafter
   committed elsewhere (``../../../eagle_jax/drafters/smollm2-135m-eagle3.1``),
   so a shipped drafter is not committed twice;
 * ``step`` and ``token_positions``: optimiser steps and token positions
@@ -28,6 +29,10 @@ Resuming (``resume_from``) starts a fresh run from the state's drafter (as
 at ``cursor.next_batch`` when the cursor describes the same order as this
 run's (same data, seed, batch size, seq_len and examples); otherwise the run starts
 at batch 0 and its log says why. Steps and token positions add to the state's.
+
+Writing a state (`write_state`) replaces it atomically: the new drafter copy is
+made under a new name and ``state.json`` is switched by one rename, each
+fsynced first, so a kill at any point leaves the old state or the new one.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -48,6 +54,7 @@ __all__ = ["STATE_FILE", "CURSOR_KEYS", "is_state_dir", "read_state", "write_sta
            "start_batch", "training_record"]
 
 STATE_FILE = "state.json"
+DRAFTER_PREFIX = "drafter-"  # a drafter copied into a state: drafter-<step>-<tag> (the first one was "drafter")
 SCHEMA = 1
 CURSOR_KEYS = ("data", "max_conversations", "seed", "batch_size", "seq_len", "examples_sha1")
 _REQUIRED = {"schema": int, "drafter": str, "step": int, "token_positions": int, "token_positions_source": str,
@@ -76,18 +83,23 @@ def read_state(path: str | os.PathLike) -> dict:
 def write_state(path: str | os.PathLike, *, drafter: str | os.PathLike, step: int, token_positions: int,
                 token_positions_source: str, cursor: Mapping, data: Sequence | None = None,
                 settings: Mapping | None = None, runs: Sequence[Mapping] = (), copy_drafter: bool = False) -> Path:
-    """Write ``path/state.json`` (atomically). With `copy_drafter` the drafter directory is copied to
-    ``path/drafter`` (replacing the previous copy); otherwise the state points at it."""
+    """Replace the state at `path` with a new one, atomically: a kill at any moment leaves the old
+    state or the new one, whole. With `copy_drafter` the drafter directory is copied into the state
+    (``drafter-<step>-<tag>``); otherwise the state points at it.
+
+    Order: the copy is written beside the old one under a temporary name, its files and directory
+    fsynced, then renamed to its final name; ``state.json`` is written beside the old one, fsynced
+    and renamed over it (the switch); only then are the drafter copies no state names removed."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     src = Path(drafter).resolve()
     if copy_drafter:
-        dst = out / "drafter"
-        tmp = out / "drafter.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        dst = out / f"{DRAFTER_PREFIX}{int(step)}-{secrets.token_hex(3)}"
+        tmp = dst.with_name(dst.name + ".tmp")
         shutil.copytree(src, tmp)
-        shutil.rmtree(dst, ignore_errors=True)
+        _fsync_tree(tmp)
         os.replace(tmp, dst)
+        _fsync_dir(out)
         src = dst.resolve()
     st = {"schema": SCHEMA, "drafter": os.path.relpath(src, out.resolve()), "step": int(step),
           "token_positions": int(token_positions), "token_positions_source": token_positions_source,
@@ -95,9 +107,36 @@ def write_state(path: str | os.PathLike, *, drafter: str | os.PathLike, step: in
           "settings": dict(settings) if settings is not None else None, "runs": [dict(r) for r in runs],
           "optimizer": None, "updated": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()}
     tmp = out / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(st, indent=2) + "\n")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(st, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, out / STATE_FILE)
+    _fsync_dir(out)
+    for old in out.iterdir():  # copies (and half-written ones) the state no longer names
+        if old.is_dir() and old.name.startswith(DRAFTER_PREFIX[:-1]) and old.resolve() != src:
+            shutil.rmtree(old)
     return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file under `root`, then every directory, deepest first."""
+    dirs = []
+    for d, _, files in os.walk(root):
+        dirs.append(Path(d))
+        for name in files:
+            with open(Path(d) / name, "rb") as f:
+                os.fsync(f.fileno())
+    for d in reversed(dirs):
+        _fsync_dir(d)
 
 
 def examples_sha1(examples: Sequence[Mapping]) -> str:

@@ -8,7 +8,13 @@ state's drafter weights (read back from its safetensors file), a fresh optimiser
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -47,15 +53,16 @@ def test_resume_from_a_committed_state_on_a_fresh_checkout(setup, tmp_path):
     state_dir = clone / "train" / "state" / "eagle3"
     st = S.read_state(state_dir)
     assert (st["step"], st["token_positions"], st["cursor"]["next_batch"]) == (4, 4 * 4 * 64, 4)
-    assert st["drafter"] == str((state_dir / "drafter").resolve()) and st["optimizer"] is None
-    exported = load_file(str(state_dir / "drafter" / "model.safetensors"))
+    copied = Path(st["drafter"])  # the drafter copied into the state, under a versioned name
+    assert copied.parent == state_dir.resolve() and copied.name.startswith("drafter-4-") and st["optimizer"] is None
+    exported = load_file(str(copied / "model.safetensors"))
     assert np.array_equal(exported["fc.weight"].T, _params(first)["fc"])  # speculators layout [out, in]
 
     cfg = small_cfg(tmp_path / "b", steps=3, export=True, export_dtype="float32", resume_from=str(state_dir),
                     export_state=str(state_dir), warmup_steps=1)
     second = Trainer(cfg, TCFG, tparams, train, vocab)
     # reference: the state's weights, a fresh optimiser, batches 4, 5, 6 of the data order
-    ref = Trainer(cfg.replace(resume_from=None, export_state=None, init_from=str(state_dir / "drafter"),
+    ref = Trainer(cfg.replace(resume_from=None, export_state=None, init_from=str(copied),
                               output_dir=str(tmp_path / "ref")), TCFG, tparams, train, vocab)
     state = ref.init_state()
     np.testing.assert_array_equal(np.asarray(state["params"]["fc"]), exported["fc.weight"].T)
@@ -130,3 +137,68 @@ def test_state_errors(setup, tmp_path):
     cfg = cli.load_config(parser.parse_args(["--resume-from", "train/state/eagle3.1", "--export-state", "out",
                                              "--learning-curve"]))
     assert (cfg.resume_from, cfg.export_state, cfg.learning_curve) == ("train/state/eagle3.1", "out", True)
+
+
+# ----------------------------------------------------------------------------- a kill at every point of a write
+
+_CHILD = textwrap.dedent("""
+    import os, shutil, signal, sys
+    from eagle_jax.train import state as S
+
+    path, drafter, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    calls = [0]
+
+    def counted(fn):
+        def run(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == kill_at:  # killed just before this filesystem operation
+                os.kill(os.getpid(), signal.SIGKILL)
+            return fn(*args, **kwargs)
+        return run
+
+    for module, name in ((os, "replace"), (os, "fsync"), (shutil, "copy2"), (shutil, "rmtree")):
+        setattr(module, name, counted(getattr(module, name)))
+    S.write_state(path, drafter=drafter, step=2, token_positions=20, token_positions_source="new",
+                  cursor={"next_batch": 2}, copy_drafter=True)
+    print(calls[0])
+""")
+
+
+def _fake_drafter(path: Path, tag: str) -> Path:
+    """A drafter directory's files (read_state checks config.json; every byte is compared here)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"tag": tag}))
+    (path / "model.safetensors").write_bytes(os.urandom(4096))
+    (path / "model_card.md").write_text(f"# {tag}\n")
+    return path
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all((a / n).read_bytes() == (b / n).read_bytes()
+                                                                 for n in names)
+
+
+def test_a_kill_at_any_point_of_a_write_leaves_the_old_state_or_the_new_one(tmp_path):
+    """write_state run in a child killed (SIGKILL) before each of its filesystem operations in turn:
+    every time, the state reads back whole, as the old one or the new one, with its own drafter's
+    bytes; the run that is not killed leaves the new state and one drafter copy."""
+    old, new = _fake_drafter(tmp_path / "old", "old"), _fake_drafter(tmp_path / "new", "new")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    outcomes, kill_at = [], 1
+    while True:
+        state_dir = tmp_path / f"state{kill_at}"
+        S.write_state(state_dir, drafter=old, step=1, token_positions=10, token_positions_source="old",
+                      cursor={"next_batch": 1}, copy_drafter=True)
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(state_dir), str(new), str(kill_at)],
+                              capture_output=True, text=True, timeout=120, env=env)
+        st = S.read_state(state_dir)
+        source = {1: old, 2: new}[st["step"]]
+        assert _same_files(Path(st["drafter"]), source), (kill_at, st)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+        outcomes.append(st["step"])
+        kill_at += 1
+    assert len(outcomes) >= 6 and outcomes[0] == 1 and outcomes[-1] == 2, outcomes  # kills on both sides
+    assert st["step"] == 2 and [p.name for p in state_dir.iterdir() if p.is_dir()] == [Path(st["drafter"]).name]
