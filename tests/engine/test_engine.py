@@ -506,10 +506,10 @@ def test_disable_by_batch_size_auto_leaves_an_adaptive_engine_uncapped(chain, mo
             engine.close()
 
 
-def test_fitting_max_len_is_the_least_that_holds_prompt_and_answer(tree):
-    """The tree engine (max_len 256) holds exactly context_limit tokens a row: fitting_max_len
+def test_fitting_max_len_is_the_least_that_holds_prompt_and_answer(chain):
+    """The chain engine (max_len 256) holds exactly context_limit tokens a row: fitting_max_len
     gives 256 for a prompt and answer of that length, and more for one token more."""
-    gen, engine = tree
+    gen, engine = chain
     prompt = 40
     answer = engine.context_limit - prompt
     assert fitting_max_len(gen, prompt, answer) == engine.max_len == 256

@@ -91,27 +91,20 @@ def test_resume_from_a_committed_state_on_a_fresh_checkout(setup, tmp_path):
     assert rec["start_batch"] == 0 and "seed" in rec["why"]
 
 
-def test_state_pointing_at_a_committed_drafter_survives_a_move(setup, tmp_path):
+def test_state_pointing_at_a_committed_drafter_survives_a_move(tmp_path):
     """A state may point at a drafter committed elsewhere (the shipped ones): a relative path."""
-    from eagle_jax.train.trainer import Trainer
-
-    tparams, train, vocab = setup
-    Trainer(small_cfg(tmp_path / "repo" / "runs" / "a", steps=2, export=True, export_dtype="float32"),
-            TCFG, tparams, train, vocab).run()
-    shipped = tmp_path / "repo" / "eagle_jax" / "drafters" / "x"
-    shutil.copytree(tmp_path / "repo" / "runs" / "a" / "drafter", shipped)
+    shipped = _fake_drafter(tmp_path / "repo" / "eagle_jax" / "drafters" / "x", "shipped")
     S.write_state(tmp_path / "repo" / "train" / "state" / "eagle3", drafter=shipped, step=2, token_positions=512,
                   token_positions_source="test", cursor={"next_batch": 2})
     text = json.loads((tmp_path / "repo" / "train" / "state" / "eagle3" / S.STATE_FILE).read_text())
     assert text["drafter"] == "../../../eagle_jax/drafters/x"
-    shutil.rmtree(tmp_path / "repo" / "runs")
     shutil.move(tmp_path / "repo", tmp_path / "clone")
     st = S.read_state(tmp_path / "clone" / "train" / "state" / "eagle3")
     assert st["drafter"] == str((tmp_path / "clone" / "eagle_jax" / "drafters" / "x").resolve())
     assert S.start_batch(st["cursor"], {"next_batch": 9, "seed": 0})[0] == 0  # an unknown order restarts
 
 
-def test_state_errors(setup, tmp_path):
+def test_state_errors(tmp_path):
     from eagle_jax.train.config import TrainConfig
 
     with pytest.raises(ConfigError, match="no state.json"):
