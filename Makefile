@@ -19,7 +19,7 @@ test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --max-worker-restart=0
 
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow -n 2 --dist loadfile --max-worker-restart=0
 
 bench-quick: setup
 	$(VENV)/bin/eagle-jax bench --quick

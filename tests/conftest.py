@@ -124,7 +124,7 @@ SLOW = {
     "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[tree]":
         "chain",
     "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[plain]":
-        "chain; lossless seeded [plain]",
+        "chain",
     "tests/spec_decode/test_native_equivalence.py::test_smollm2_bundled_drafter_native[float32]": "bfloat16",
     "tests/spec_decode/test_native_equivalence.py::test_fp32_exact_at_head_dim_64[tree]": "bundled drafter [bfloat16]",
     "tests/spec_decode/test_native_equivalence.py::test_fp32_exact_at_head_dim_64[chain]": "bundled drafter [bfloat16]",
