@@ -20,7 +20,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from eagle_jax.config import ConfigError, DrafterConfig, SamplingConfig, SpecConfig, TargetConfig
+from eagle_jax.config import ConfigError, DrafterConfig, SpecConfig, TargetConfig
 from eagle_jax.engine.batch import BatchOutput, run_batch
 from eagle_jax.engine.engine import Engine, fitting_max_len
 from eagle_jax.engine.request import Done, Request, Sampling
@@ -202,8 +202,7 @@ class Generator:
             raise PromptError(f"max_new_tokens must be a positive int or one per prompt, got {max_new_tokens!r}")
         temps, ks, ps = (_per_row(name, v, b) for name, v in
                          (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)))
-        for t, k, p in zip(temps, ks, ps):  # a ConfigError names the bad setting
-            SamplingConfig(temperature=t, top_k=k, top_p=p)
+        # Sampling checks its settings when made: a ConfigError names the bad one.
         return [Sampling(max_new_tokens=int(m), temperature=t, top_k=k, top_p=p, seed=s, seed_stream=r,
                          stop=tuple(st))
                 for m, t, k, p, (s, r), st in zip(max_new, temps, ks, ps, _row_seeds(seed, b), _row_stops(stop, b))]

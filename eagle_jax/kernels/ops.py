@@ -163,7 +163,7 @@ def cache_compact(k, v, lengths, src, n, *, impl: str):
     sources read first): k/v [L, B, Hkv, S, D], src [B, A] -> (k, v)."""
     if is_native(impl):
         return cpu.cache_compact(k, v, lengths, src, n)
-    a, max_len, batch = src.shape[1], k.shape[3], src.shape[0]
+    a, max_len, batch = src.shape[1], k.shape[3], k.shape[1]
     base = lengths[:, None]
     src_slot = jnp.clip(base + src, 0, max_len - 1)[:, None, :]  # [B, 1, A]
     dst_slot = jnp.where(jnp.arange(a)[None] < n[:, None], base + jnp.arange(a)[None], max_len)[:, None, :]
