@@ -14,6 +14,7 @@ Prompts are strings (chat-templated unless `chat=False`) or token-id lists.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -262,6 +263,8 @@ class Generator:
             if self._engine is not None:
                 self._engine.close()
             self._engine = Engine(self, max_rows=1, max_len=max(256, 1 << (need - 1).bit_length()))
+            # Its thread stops before the interpreter does (a thread left inside XLA at exit aborts it).
+            weakref.finalize(self, self._engine.close)
         return self._engine
 
     def finish_reason(self, prompt_len: int, toks: list[int]) -> str:

@@ -63,6 +63,10 @@ def test_generate_json(smollm2_target):
     assert out["text"] == smollm2_target.tokenizer.decode(ids, skip_special_tokens=True)
     assert out["wall_s"] > 0 and out["tokens_per_s"] == pytest.approx(len(ids) / out["wall_s"])
     assert out["draft"] == "none" and out["method"] == "plain"
+    # --stream: the same text piece by piece, and a clean exit (the engine's thread stops first)
+    streamed = _run_cli("generate", "--prompt", prompt, "--draft", "none", "--max-new-tokens", "8", "--stream")
+    assert streamed.returncode == 0 and "terminate called" not in streamed.stderr, streamed.stderr[-2000:]
+    assert streamed.stdout.rstrip("\n") == out["text"]
 
 
 def test_generate_prompts_file_with_repeat(tmp_path):
