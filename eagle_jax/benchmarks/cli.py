@@ -7,7 +7,7 @@
     eagle-jax bench --suite drift [--quick]
     eagle-jax bench --suite plain-vs-transformers
     eagle-jax bench --suite serve                   # HTTP server: per-user tok/s at concurrency 1/4/16, EAGLE vs plain
-    eagle-jax bench --suite draft-policy            # slot engines, no HTTP: the draft policy against fixed depths
+    eagle-jax bench --suite draft-policy            # engines, no HTTP: the draft policy against fixed depths
     eagle-jax bench --suite step-cost [--quick]     # forward cost against M, step breakdown (CPU issue)
     eagle-jax bench --suite learning-curve --draft train/state/eagle3.1 [--label NAME]
                                                     # a learning-curve point (benchmarks/learning_curve.py)
@@ -111,12 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
     # serve and draft-policy suites
     p.add_argument("--serve-concurrency", default="1,4,16",
-                   help="serve, draft-policy: concurrent users, comma-separated (a slot engine has as many slots "
+                   help="serve, draft-policy: concurrent users, comma-separated (an engine has as many rows "
                         "as the most)")
     p.add_argument("--prefill-chunk", type=int, default=64,
-                   help="serve: prompt tokens the slot engine prefills a call")
+                   help="serve: prompt tokens the engine prefills a call")
     p.add_argument("--prefill-budget", type=int, default=256,
-                   help="serve: most prompt tokens the slot engine prefills between two steps while rows "
+                   help="serve: most prompt tokens the engine prefills between two steps while rows "
                         "decode (0: every waiting prompt before the next step)")
 
 

@@ -1,9 +1,9 @@
-"""The slot engine's draft policy against every fixed draft depth, without HTTP.
+"""The engine's draft policy against every fixed draft depth, without HTTP.
 
     eagle-jax bench --suite draft-policy [--serve-concurrency 1,4,16] [--max-new-tokens 64] [--rounds 3]
 
 One process holds one engine (eagle_jax/engine/) per way of drafting, each
-over the same target with as many slots as the highest concurrency: `plain`
+over the same target with as many rows as the highest concurrency: `plain`
 (no drafter), `adaptive` (the depth of each step picked by `DraftPolicy`, as
 `eagle-jax serve` runs by default) and `depth d` (`adaptive=False`: every step
 drafts d tokens, for each depth the adaptive engine compiles: 1, 2, 4, ...

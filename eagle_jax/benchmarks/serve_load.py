@@ -3,8 +3,8 @@ output throughput at concurrency 1, 4 and 16, speculative against plain decoding
 
     eagle-jax bench --suite serve [--serve-concurrency 1,4,16] [--max-new-tokens 64] [--rounds 2]
 
-Two real HTTP servers (serve/cli.py) run in this process on the slot
-engine (continuous batching) with as many slots as the
+Two real HTTP servers (serve/cli.py) run in this process on the
+engine (continuous batching) with as many rows as the
 highest concurrency: one decodes plainly, one has the drafter (`--draft`,
 default the bundled EAGLE 3.1) at every batch size (`disable_by_batch_size=None`,
 so the CPU's batch policy does not turn it off) and drafts at the steps its
@@ -141,7 +141,7 @@ def run(args, log) -> dict:
                                         draft_name=draft if name == "eagle" else "none")
             threading.Thread(target=servers[name].serve_forever, daemon=True).start()
             warm[name] = time.perf_counter() - t0
-            log(f"serve {name}: slot engine warm-up {warm[name]:.1f}s")
+            log(f"serve {name}: engine warm-up {warm[name]:.1f}s")
         urls = {n: f"http://127.0.0.1:{s.server_address[1]}" for n, s in servers.items()}
         for c in levels:  # untimed: anything left to compile at a new concurrency
             for url in urls.values():

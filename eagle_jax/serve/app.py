@@ -25,7 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eagle_jax.engine import Delta, Done, Engine, EngineError, Sampling
 from eagle_jax.serve import protocol as P
-from eagle_jax.serve.config import Limits, bind
+from eagle_jax.serve.limits import Limits, bind
 from eagle_jax.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from eagle_jax.serve.protocol import FINISH_REASONS, ApiError
 

@@ -55,7 +55,7 @@ import logging
 import os
 
 from eagle_jax.cli.args import add_model_arguments, generator_from_args
-from eagle_jax.serve.config import Limits, PortInUse, bind
+from eagle_jax.serve.limits import Limits, PortInUse, bind
 
 __all__ = ["add_arguments", "main"]
 

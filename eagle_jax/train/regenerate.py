@@ -232,7 +232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m-instruct", help="target name, HF dir, .gguf or hub id")
     p.add_argument("--data", default="sharegpt", help="'sharegpt' or a JSONL of conversations")
     p.add_argument("--max-conversations", type=int, default=400, help="conversations read (0 = all)")
-    p.add_argument("--batch-size", type=int, default=16, help="conversations regenerated at a time (engine slots)")
+    p.add_argument("--batch-size", type=int, default=16, help="conversations regenerated at a time (engine rows)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-turns", type=int, default=1, help="assistant turns regenerated per conversation")

@@ -1,5 +1,5 @@
 """`eagle-jax bench --suite draft-policy` end to end on the real target and bundled drafter (slow:
-five slot engines compile and warm up)."""
+five engines compile and warm up)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from eagle_jax.config import SpecConfig
 from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.app import make_server
-from eagle_jax.serve.config import Limits, PortInUse, bind
+from eagle_jax.serve.limits import Limits, PortInUse, bind
 
 CHAT = [{"role": "user", "content": "Name three primary colours."}]
 QUESTIONS = ["Name three primary colours.", "What is 2 + 2?", "Say hello in French.", "Name a large animal.",

@@ -28,7 +28,7 @@ SPECS = {"chain": SpecConfig("chain", num_speculative_tokens=3),
 
 def _lazy(gen, prompts, width):
     """(lc, dparams, vocab, prefilled state) with a lazy drafter (`width` > 0): the prefill leaves the
-    prompt to `catch_up` (`width` positions a call), in whole-cache buffers as a slot engine holds them."""
+    prompt to `catch_up` (`width` positions a call), in whole-cache buffers as the engine holds them."""
     ids = gen.encode_prompts(prompts, chat=False)
     lc, args, static = batch_inputs(gen, ids, gen.requests(len(ids), max_new_tokens=24))
     lc = dataclasses.replace(lc, catch_up_width=width)
