@@ -80,7 +80,7 @@ def plot_curves(log_path, png_path) -> None:
     axes[2].set_title("acceptance length")
     axes[2].set_xlabel("step")
     fig.tight_layout()
-    from eagle_jax.benchmarks.report import save_png
+    from eagle_jax.benchmarks.report.common import save_png
 
     save_png(fig, png_path, dpi=100)
     plt.close(fig)

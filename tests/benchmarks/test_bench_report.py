@@ -1,4 +1,4 @@
-"""Report rendering (benchmarks/report.py) from synthetic result JSONs; no timing."""
+"""Report rendering (benchmarks/report/) from synthetic result JSONs; no timing."""
 
 from __future__ import annotations
 
@@ -211,6 +211,7 @@ def test_decode_rates_leave_out_the_first_token_and_match_runs():
     """Decode tokens/s count the tokens after each row's first over the time after it, over
     the runs both engines made; whole-request tokens/s still include prefill."""
     from eagle_jax.benchmarks import harness
+    from eagle_jax.benchmarks.report import speed_section
 
     def run(rnd, wall, ttft, n=65):
         return {"round": rnd, "batch": 0, "wall_s": wall, "ttft_s": ttft, "tokens": [n], "token_ids": [[1]]}
@@ -218,9 +219,9 @@ def test_decode_rates_leave_out_the_first_token_and_match_runs():
     plain = [run(0, 1.0, 0.36), run(1, 1.0, 0.36)]
     peer = [run(0, 0.9, 0.1), run(2, 5.0, 0.1)]  # round 2: plain has no such run
     w = {"engines": {"plain": {"runs": plain}, "peer": {"runs": peer}}}
-    x, y = report._matched_tps([w], "peer", "plain", decode=True)
+    x, y = speed_section._matched_tps([w], "peer", "plain", decode=True)
     assert x == pytest.approx(64 / 0.8) and y == pytest.approx(64 / 0.64)
-    x, y = report._matched_tps([w], "peer", "plain")
+    x, y = speed_section._matched_tps([w], "peer", "plain")
     assert x == pytest.approx(65 / 0.9) and y == pytest.approx(65 / 1.0)
     s = harness.summarize_engine(plain, plain, greedy=True, is_baseline=True)
     assert s["decode_tokens_per_s"] == pytest.approx(128 / 1.28)
