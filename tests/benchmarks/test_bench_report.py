@@ -122,7 +122,7 @@ def test_render_writes_tables_captions_and_figures(results, tmp_path):
     assert "| `chain-k2/random-eagle3.1` |" in text
     assert "speed-quick-0.json" in text  # the older file is listed, not rendered
     assert "| plain | 20.0 | 61.0 | 3.05 | 9.5 / 4.2 | 8 | 1 / 1 | 30 |" in text
-    # the slot engine's concurrency table: per-user and total tok/s, TTFT s and ITL ms p50 / p99
+    # the engine's concurrency table: per-user and total tok/s, TTFT s and ITL ms p50 / p99
     assert ("| 1 | 40.0 / 52.0 | 1.30 | 80.0 / 104.0 | 0.50 / 0.90 | 0.60 / 1.00 | 20 / 200 | 25 / 300 | 4 / 4 | "
             "0: 3, 1: 7 |") in text
     assert "| 4 | 25.0 / 21.5 | 0.86 |" in text and "plain 20.0 s, eagle 26.0 s" in text
@@ -241,7 +241,7 @@ def test_draft_policy_section(tmp_path):
                          "depth 1": cell(43.0, 1.08, {"1": 42}, 2)}}})
     docs = tmp_path / "benchmarks.md"
     text = open(report.render(results_dir=str(rd), docs_path=str(docs))).read()
-    section = text.split("## The slot engine's draft policy", 1)[1]
+    section = text.split("## The engine's draft policy", 1)[1]
     assert "eagle-jax bench --suite draft-policy" in section
     assert "| concurrency | plain | adaptive | depth 1 |" in section
     assert "| 1 | 40.0 (1.00) | 44.0 (1.10) | 43.0 (1.08) |" in section

@@ -1,4 +1,4 @@
-"""The draft_policy suite's section: slot engines without HTTP, the draft policy against fixed depths.
+"""The draft_policy suite's section: engines without HTTP, the draft policy against fixed depths.
 """
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from eagle_jax.benchmarks.report.common import caption, fmt
 
 
 def render_draft_policy(r: dict) -> str:
-    """benchmarks/draft_policy.py: slot engines without HTTP, the draft policy against fixed depths."""
+    """benchmarks/draft_policy.py: engines without HTTP, the draft policy against fixed depths."""
     st = r.get("settings", {})
     engines = list(next(iter(r.get("levels", {}).values()), {}))
     out = [f"### The draft policy against fixed depths ({r.get('date', '?')[:10]})", "", caption(r), "",
-           f"Slot engines in one process ({st.get('slots')} slots, max_len {st.get('max_len')}), no HTTP: plain, "
+           f"Engines in one process ({st.get('slots')} rows, max_len {st.get('max_len')}), no HTTP: plain, "
            f"`adaptive` (the depth of each step picked by the policy, as `eagle-jax serve` runs) and each fixed "
            f"draft depth, drafter {st.get('draft')}; at concurrency c, c greedy HumanEval chats submitted at once, "
            f"{st.get('max_new_tokens')} new tokens each; a user's throughput is its tokens over its request's "

@@ -12,7 +12,7 @@ def render_serve(r: dict, docs_path: str) -> str:
     st = r.get("settings", {})
     out = [f"### Per-user throughput at concurrency {', '.join(map(str, st.get('concurrency', [])))} "
            f"({r.get('date', '?')[:10]})", "", caption(r), "",
-           f"`eagle-jax serve`'s slot engine in-process ({st.get('slots')} slots, max_len {st.get('max_len')}, "
+           f"`eagle-jax serve`'s engine in-process ({st.get('slots')} rows, max_len {st.get('max_len')}, "
            f"prompts prefilled {st.get('prefill_chunk', 'whole')} tokens a call, at most "
            f"{st.get('prefill_budget') or 'every waiting prompt'} tokens between two steps), "
            f"plain against EAGLE ({st.get('draft')}, at every batch size, each step at the draft depth its "
@@ -46,7 +46,7 @@ def render_serve(r: dict, docs_path: str) -> str:
 
 
 def _render_serve_static_batches(r: dict) -> str:
-    """The static batcher's result files (mode "load", before the slot engine)."""
+    """The static batcher's result files (mode "load", before the engine)."""
     st = r.get("settings", {})
     out = [f"### {st.get('clients')} concurrent clients, batched vs one at a time ({r.get('date', '?')[:10]})", "",
            caption(r), "",
