@@ -8,6 +8,19 @@ rendering; the models never import it. Loaders:
                                  embedded in a GGUF file
   Tokenizer.load(path)           either of the above
   tok.save(dir)                  writes a directory `from_hf_dir` reads back identically
+
+A GGUF file's tokenizer is rebuilt here from its metadata with the `tokenizers`
+package (no PyTorch, which transformers' own GGUF loader needs). Supported
+`tokenizer.ggml.model`s: "gpt2" (byte-level BPE: SmolLM2, Llama 3, Qwen2/2.5/3,
+Mistral Nemo, ...; the split regex follows `tokenizer.ggml.pre`, see
+`_GGUF_PRE_TOKENIZERS`) and "llama" (SentencePiece BPE with byte fallback:
+Llama 2, Mistral 7B, ...). It matches transformers' GGUF conversion token for
+token, except where that departs from llama.cpp (the runtime these files are
+written for) and from the model's own tokenizer.json: digits are split one by
+one for "smollm"/"starcoder"-style pre-tokenizers, the Llama 3 family (and
+"tekken") keeps a word that is a whole vocabulary entry whole (`ignore_merges`)
+and adds BOS when the file does not say, control tokens are special whatever
+their spelling, and "llama" files honour `tokenizer.ggml.add_space_prefix`.
 """
 
 from __future__ import annotations
@@ -155,21 +168,7 @@ class Tokenizer:
         path = os.path.abspath(os.fspath(path))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF file {path!r} does not exist")
-        transformers = _quiet_transformers()
-        try:
-            hf = transformers.AutoTokenizer.from_pretrained(
-                os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
-        except Exception as e:
-            raise TokenizerError(f"cannot build a tokenizer from the metadata of {path}: "
-                                 f"{type(e).__name__}: {e}") from None
-        if not getattr(hf, "chat_template", None):
-            # older transformers do not copy the template: take it from the metadata
-            import gguf
-
-            field = gguf.GGUFReader(path).fields.get("tokenizer.chat_template")
-            if field is not None:
-                hf.chat_template = field.contents()
-        return cls(hf, eos_token_ids)
+        return cls(_gguf_tokenizer(path), eos_token_ids)
 
     @classmethod
     def load(cls, path: str | os.PathLike, eos_token_ids: Iterable[int] = ()) -> "Tokenizer":
@@ -177,3 +176,272 @@ class Tokenizer:
         if os.path.isfile(path) and path.endswith(".gguf"):
             return cls.from_gguf(path, eos_token_ids)
         return cls.from_hf_dir(path, eos_token_ids)
+
+
+# ----------------------------------------------------------------------------- GGUF metadata
+
+# llama.cpp's `tokenizer.ggml.token_type` values (gguf.TokenType).
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
+
+# Split regexes of the byte-level pre-tokenizers, as the models' own tokenizer.json
+# spell them (llama.cpp's llama-vocab.cpp rewrites a few for std::regex).
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _pre_tokenizer_table() -> dict[str, tuple[str | None, bool, bool]]:
+    """`tokenizer.ggml.pre` -> (split, ignore_merges, add_bos when the file does not say), after
+    llama.cpp's llama-vocab.cpp. split: a regex, "gpt2" (GPT-2's own regex) or "digits" (each
+    digit alone, then GPT-2's regex: StarCoder's tokenizer, which SmolLM uses)."""
+    table: dict[str, tuple[str | None, bool, bool]] = {}
+    groups = [
+        (("gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "exaone4", "gigachat", "mellum", "a.x-4.0"),
+         "gpt2", False, False),
+        (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
+         "digits", False, False),
+        (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+         _LLAMA3_SPLIT, True, True),
+        (("dbrx", "smaug-bpe"), _LLAMA3_SPLIT, False, False),
+        (("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"), _QWEN2_SPLIT, False, False),
+        (("qwen35",), _QWEN35_SPLIT, False, False),
+        (("tekken",), _TEKKEN_SPLIT, True, True),
+        (("gpt-4o", "llama4", "kanana2", "minimax-m2"), _GPT4O_SPLIT, False, False),
+    ]
+    for names, split, ignore_merges, add_bos in groups:
+        for name in names:
+            table[name] = (split, ignore_merges, add_bos)
+    return table
+
+
+_GGUF_PRE_TOKENIZERS = _pre_tokenizer_table()
+
+
+# GGUF metadata value types (gguf.GGUFValueType): fixed-size ones as numpy dtypes.
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_SCALARS = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8", 11: "i8", 12: "f8"}
+
+
+def _gguf_fields(path: str, prefix: str = "tokenizer.") -> dict:
+    """The metadata of a GGUF file whose key starts with `prefix`: scalars as Python values,
+    arrays as lists. Reads only the key/value section at the head of the file (gguf.GGUFReader
+    also maps every tensor and takes ~5 s on the 49,152 tokens and 48,900 merges of SmolLM2)."""
+    import mmap
+    import struct
+
+    import numpy as np
+
+    def fail(why):
+        return TokenizerError(f"cannot read the metadata of {path} (not a GGUF file?): {why}")
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise fail("no GGUF magic")
+            order = "<"
+            (version,) = struct.unpack_from("<I", buf, 4)
+            if version & 0xFFFF == 0:  # written on a machine of the other byte order
+                order, version = ">", struct.unpack_from(">I", buf, 4)[0]
+            if version not in (2, 3):
+                raise fail(f"GGUF version {version} (2 and 3 are read)")
+            u32, u64 = struct.Struct(order + "I"), struct.Struct(order + "Q")
+            _, n_kv = struct.unpack_from(order + "QQ", buf, 8)
+            pos = 24
+
+            def string():
+                nonlocal pos
+                (n,) = u64.unpack_from(buf, pos)
+                pos += 8 + n
+                return buf[pos - n:pos].decode("utf-8")
+
+            def value(kind, keep):
+                nonlocal pos
+                if kind == _GGUF_STRING:
+                    return string()
+                if kind in _GGUF_SCALARS:
+                    dt = np.dtype(_GGUF_SCALARS[kind]).newbyteorder(order)
+                    pos += dt.itemsize
+                    return np.frombuffer(buf[pos - dt.itemsize:pos], dt)[0].item()
+                if kind != _GGUF_ARRAY:
+                    raise fail(f"unknown metadata value type {kind} at byte {pos}")
+                (item,), (n,) = u32.unpack_from(buf, pos), u64.unpack_from(buf, pos + 4)
+                pos += 12
+                if item in _GGUF_SCALARS:
+                    dt = np.dtype(_GGUF_SCALARS[item]).newbyteorder(order)
+                    pos += n * dt.itemsize
+                    return np.frombuffer(buf[pos - n * dt.itemsize:pos], dt).tolist() if keep else None
+                return [value(item, keep) for _ in range(n)]
+
+            out = {}
+            for _ in range(n_kv):
+                key = string()
+                (kind,) = u32.unpack_from(buf, pos)
+                pos += 4
+                keep = key.startswith(prefix)
+                v = value(kind, keep)
+                if keep:
+                    out[key] = v
+            return out
+    except TokenizerError:
+        raise
+    except (OSError, ValueError, struct.error, IndexError) as e:
+        raise fail(f"{type(e).__name__}: {e}") from None
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as one printable character (the printable
+    Latin-1 bytes as themselves, the others as U+0100 onwards, in byte order)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    spelling = {b: chr(b) for b in printable}
+    spelling.update({b: chr(0x100 + i) for i, b in enumerate(others)})
+    return spelling
+
+
+def _byte_level_bpe(tokens, types, merges, pre: str):
+    """llama.cpp's "gpt2" vocabulary: byte-level BPE, split as `tokenizer.ggml.pre` says."""
+    from tokenizers import Regex, Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    if pre not in _GGUF_PRE_TOKENIZERS:
+        raise TokenizerError(f"GGUF tokenizer model 'gpt2' with pre-tokenizer {pre!r} is not supported "
+                             f"(supported: {', '.join(sorted(_GGUF_PRE_TOKENIZERS))})")
+    split, ignore_merges, add_bos = _GGUF_PRE_TOKENIZERS[pre]
+    if merges is None:
+        raise TokenizerError("GGUF tokenizer model 'gpt2' without tokenizer.ggml.merges")
+    # Normal tokens are spelled in GPT-2's byte alphabet; a few converters wrote some in plain
+    # UTF-8: spell those in the alphabet too. Control and user-defined tokens keep their text:
+    # they are matched in the input as written, before any byte mapping (as llama.cpp does).
+    spelling = _byte_alphabet()
+    alphabet = set(spelling.values())
+    vocab = {}
+    for i, (tok, kind) in enumerate(zip(tokens, types)):
+        if kind not in (_CONTROL, _USER_DEFINED, _UNKNOWN) and not set(tok) <= alphabet:
+            tok = "".join(spelling[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(tok, i)
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    kw = {"ignore_merges": True} if ignore_merges else {}
+    backend = Backend(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
+                                 end_of_word_suffix="", fuse_unk=False, **kw))
+    if split == "gpt2":
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == "digits":
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    return backend, vocab, add_bos
+
+
+def _sentencepiece_bpe(tokens, scores, merges, add_space_prefix: bool):
+    """llama.cpp's "llama" vocabulary: SentencePiece BPE with byte fallback (`<0x0A>` tokens),
+    `▁` for spaces. Without merges in the file they come from the scores: every pair of
+    tokens whose concatenation is a token, best-scored concatenation first."""
+    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    vocab = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    if merges is not None:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+    else:
+        if scores is None or len(scores) < len(tokens):
+            raise TokenizerError("GGUF tokenizer model 'llama' without tokenizer.ggml.merges or scores")
+        found = []  # (score, left, right) in vocabulary order, each token's splits by their ids
+        for tok, score in zip(tokens, scores):
+            splits = [(tok[:k], tok[k:]) for k in range(1, len(tok)) if tok[:k] in vocab and tok[k:] in vocab]
+            splits.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+            found.extend((float(score), left, right) for left, right in splits)
+        found.sort(key=lambda f: (f[0], len(f[1]), len(f[2])), reverse=True)  # stable
+        pairs = [(left, right) for _, left, right in found]
+    backend = Backend(models.BPE(vocab=vocab, merges=pairs, dropout=None, fuse_unk=True, byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="first" if add_space_prefix else "never", split=False)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend, vocab
+
+
+def _gguf_tokenizer(path: str):
+    """A transformers fast tokenizer (no PyTorch) built from the `tokenizer.*` metadata of the
+    GGUF file at `path`: vocabulary, merges, pre-tokenizer, special tokens, BOS/EOS adding and
+    chat template."""
+    from tokenizers import AddedToken, processors
+
+    meta = _gguf_fields(path)
+    model = meta.get("tokenizer.ggml.model")
+    pre = meta.get("tokenizer.ggml.pre")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise TokenizerError(f"{path} holds no tokenizer (no tokenizer.ggml.tokens in its metadata)")
+    tokens = [str(t) for t in tokens]
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type") or ()] or [_NORMAL] * len(tokens)
+    if len(types) < len(tokens):
+        raise TokenizerError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for "
+                             f"{len(tokens)} tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    try:
+        if model == "gpt2":
+            backend, vocab, add_bos = _byte_level_bpe(tokens, types, merges, pre)
+        elif model == "llama":
+            backend, vocab = _sentencepiece_bpe(tokens, meta.get("tokenizer.ggml.scores"), merges,
+                                                bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+            add_bos = True
+        else:
+            raise TokenizerError(f"GGUF tokenizer model {model!r} (pre-tokenizer {pre!r}) is not supported "
+                                 f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)")
+    except TokenizerError as e:
+        raise TokenizerError(f"{path}: {e}") from None
+    if len(vocab) != len(tokens):
+        raise TokenizerError(f"{path}: the GGUF vocabulary repeats {len(tokens) - len(vocab)} token(s)")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+
+    spelled = {i: t for t, i in vocab.items()}  # as the vocabulary holds them
+
+    def named(key):
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return spelled.get(int(i)) if i is not None else None
+
+    special = {"bos_token": named("bos_token_id"), "eos_token": named("eos_token_id"),
+               "unk_token": named("unknown_token_id"), "pad_token": named("padding_token_id")}
+    # Control (and unknown) tokens are special, user-defined ones plain added tokens: both are
+    # matched whole in the text instead of being cut into pieces.
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, kind in zip(tokens, types) if kind in (_CONTROL, _UNKNOWN)]
+                               + [AddedToken(t, normalized=False, special=True)
+                                  for t in special.values() if t is not None])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
+    if len(backend.get_vocab()) != len(tokens):
+        raise TokenizerError(f"{path}: the special tokens do not all name vocabulary entries")
+    if add_bos and special["bos_token"] is None or add_eos and special["eos_token"] is None:
+        raise TokenizerError(f"{path}: the metadata asks to add BOS/EOS but names no such token")
+    bos, eos = special["bos_token"], special["eos_token"]
+    single = " ".join(([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else []))
+    pair = " ".join([single] + ([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else []))
+    backend.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair,
+        special_tokens=[(t, vocab[t]) for t, on in ((bos, add_bos), (eos, add_eos)) if on])
+
+    transformers = _quiet_transformers()
+    template = meta.get("tokenizer.chat_template")
+    kwargs = {k: v for k, v in special.items() if v is not None}
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, add_bos_token=add_bos, add_eos_token=add_eos,
+        clean_up_tokenization_spaces=False, chat_template=str(template) if template else None, **kwargs)

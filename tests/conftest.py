@@ -8,7 +8,8 @@
   ``~/.cache/eagle_jax``): about 15 s the first time on a machine, under 1 s after.
 * ``smollm2_hf_model``: the same file loaded by ``transformers`` in float32
   (``LlamaForCausalLM``, eval mode), the independent reference (about 20 s).
-* ``smollm2_hf_tokenizer``: transformers' tokenizer built from the GGUF (about 5 s).
+* ``smollm2_hf_tokenizer``: transformers' tokenizer built from the GGUF, with SmolLM2's own
+  pre-tokenizer put back (about 5 s; needs torch).
 * ``jit_forward``: ``jax.jit`` of ``Target(cfg, params)(...)`` as ``f(params, cfg, ...)``, the config static.
 """
 
@@ -68,10 +69,20 @@ def smollm2_hf_model(smollm2_gguf):
 
 @pytest.fixture(scope="session")
 def smollm2_hf_tokenizer(smollm2_gguf):
+    pytest.importorskip("torch", reason="transformers' GGUF tokenizer conversion needs PyTorch")
     transformers = pytest.importorskip("transformers")
+    from tokenizers import pre_tokenizers
+
     transformers.logging.set_verbosity_error()
-    return transformers.AutoTokenizer.from_pretrained(
+    tok = transformers.AutoTokenizer.from_pretrained(
         os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
+    # transformers' conversion splits with GPT-2's regex alone; SmolLM2's tokenizer.json (and
+    # llama.cpp's "smollm") first cut off every digit ("\n\n1." is ĊĊ 1 ., not Ċ Ċ 1 .): put
+    # the model's own pre-tokenizer back (tests/test_tokenizer_gguf.py)
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    return tok
 
 
 @pytest.fixture(scope="session")

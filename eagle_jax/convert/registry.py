@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 
 FORMAT_NAME = "eagle-jax-target"
 FORMAT_VERSION = 2
+# Part of a GGUF source's cache key: a new value re-converts GGUF targets converted before
+# (the tokenizer is stored in the cache entry). 2: built from the metadata with `tokenizers`,
+# digits cut off as SmolLM2's own tokenizer does (transformers' GGUF loader before).
+GGUF_TOKENIZER_BUILD = 2
 MARKER = "eagle_target.json"
 PARAMS_FILE = "params.safetensors"
 
@@ -128,7 +132,10 @@ def cache_path_for(kind: str, path: str, dtype, cache_dir: str | None = None,
                    model_name: str | None = None) -> str:
     """Where the converted copy of source `path` (kind 'gguf' or 'hf') in `dtype` lives."""
     dt = resolve_dtype(dtype).name
-    key = json.dumps([FORMAT_NAME, FORMAT_VERSION, dt, model_name, _fingerprint(kind, path)])
+    key = [FORMAT_NAME, FORMAT_VERSION, dt, model_name, _fingerprint(kind, path)]
+    if kind == "gguf":
+        key.append(["tokenizer", GGUF_TOKENIZER_BUILD])
+    key = json.dumps(key)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     base = os.path.basename(os.path.normpath(path))
     base = re.sub(r"\.gguf$", "", base)
