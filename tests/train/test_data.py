@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -511,3 +512,12 @@ def test_load_or_build_cache(tmp_path, tokenizer):
     assert len(calls) == 2  # max_length changed -> rebuilt
     data.load_or_build_cache(p, source, tokenizer, 64, meta={"split": "heldout"})
     assert len(calls) == 3  # caller meta changed -> rebuilt
+    # The same vocabulary split otherwise (GPT-2's regex alone, digits not cut off first: how
+    # transformers' GGUF loader built SmolLM2's tokenizer) tokenizes otherwise -> rebuilt.
+    from tokenizers import pre_tokenizers
+
+    other = copy.deepcopy(tokenizer)
+    other.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert other.get_vocab() == tokenizer.get_vocab()
+    data.load_or_build_cache(p, source, other, 64, meta={"split": "heldout"})
+    assert len(calls) == 4

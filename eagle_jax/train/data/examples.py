@@ -18,11 +18,17 @@ CACHE_FORMAT = 1
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A short hash of what decides the token ids: vocabulary and chat template."""
+    """A short hash of what decides the token ids: the chat template and the whole fast
+    tokenizer (vocabulary, merges, pre-tokenizer, special tokens: its `tokenizers` JSON),
+    else the vocabulary."""
     h = hashlib.sha1()
     h.update(str(getattr(tokenizer, "chat_template", "")).encode())
-    vocab = tokenizer.get_vocab()
-    h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        vocab = tokenizer.get_vocab()
+        h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode())
     return h.hexdigest()[:16]
 
 
