@@ -42,6 +42,9 @@ class TokenizerError(ValueError):
 
 
 def _quiet_transformers():
+    """transformers, its logging at errors only (from its import on: without PyTorch it would
+    say so on import, and the tokenizers here do not need it)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import transformers
 
     transformers.logging.set_verbosity_error()
