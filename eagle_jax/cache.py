@@ -52,22 +52,24 @@ class KVCache:
         k, v = ops.cache_write(self.k, self.v, self.lengths, layer, k_new, v_new, impl=impl)
         return self.replace(k=k, v=v)
 
-    def head_rows(self, n: int, *, impl: str = "auto") -> "KVCache":
-        """Rows [0, n) as a cache of n rows. With the native CPU kernels (`impl`)
-        a view: the whole buffers with `lengths[:n]` (those kernels read and
-        write only the rows `lengths` counts, in place); otherwise a copy of
-        those rows. `put_head_rows` puts it back."""
-        if ops.cache_rows_in_place(impl):
+    def head_rows(self, n: int, *, impl: str = "auto", groups: int = 1) -> "KVCache":
+        """The first n // groups rows of each of `groups` equal blocks of rows, as a cache
+        of n rows (`head_of`: on a mesh, each data shard keeps its own rows). With the
+        native CPU kernels (`impl`, one group) a view: the whole buffers with
+        `lengths[:n]` (those kernels read and write only the rows `lengths` counts, in
+        place); otherwise a copy of those rows. `put_head_rows` puts it back."""
+        if ops.cache_rows_in_place(impl) and groups == 1:
             return self.replace(lengths=self.lengths[:n])
-        return KVCache(k=self.k[:, :n], v=self.v[:, :n], lengths=self.lengths[:n])
+        return KVCache(k=head_of(self.k, n, groups, axis=1), v=head_of(self.v, n, groups, axis=1),
+                       lengths=head_of(self.lengths, n, groups))
 
-    def put_head_rows(self, part: "KVCache") -> "KVCache":
-        """This cache with rows [0, n) taken from `part`, a `head_rows(n)` after its updates."""
-        lengths = self.lengths.at[:part.lengths.shape[0]].set(part.lengths)
+    def put_head_rows(self, part: "KVCache", groups: int = 1) -> "KVCache":
+        """This cache with the rows of a `head_rows(n, groups=groups)` taken from `part`."""
+        lengths = put_head_of(self.lengths, part.lengths, groups)
         if part.k.shape == self.k.shape:  # a native view: its buffers are the whole cache
             return KVCache(k=part.k, v=part.v, lengths=lengths)
-        put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=1)
-        return KVCache(k=put(self.k, part.k), v=put(self.v, part.v), lengths=lengths)
+        return KVCache(k=put_head_of(self.k, part.k, groups, axis=1), v=put_head_of(self.v, part.v, groups, axis=1),
+                       lengths=lengths)
 
     def commit(self, n: jax.Array) -> "KVCache":
         """Advance each row's length by n [B] (the first n written slots become context)."""
@@ -103,3 +105,23 @@ def committed_mask(lengths: jax.Array, max_len: int, t: int) -> jax.Array:
 def causal_mask(batch: int, t: int) -> jax.Array:
     """[B, t, t] lower-triangular mask among new tokens."""
     return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
+
+
+def head_of(x: jax.Array, n: int, groups: int = 1, axis: int = 0) -> jax.Array:
+    """The first n // groups rows of each of `groups` equal blocks of x's `axis`, side by side:
+    [..., B, ...] -> [..., n, ...]. Where a mesh's data axis splits that axis into `groups`
+    shards, each keeps its own rows (the reshapes and the slice move nothing between devices)."""
+    if groups == 1:
+        return jax.lax.slice_in_dim(x, 0, n, axis=axis)
+    blocks = x.reshape(x.shape[:axis] + (groups, x.shape[axis] // groups) + x.shape[axis + 1:])
+    part = jax.lax.slice_in_dim(blocks, 0, n // groups, axis=axis + 1)
+    return part.reshape(x.shape[:axis] + (n,) + x.shape[axis + 1:])
+
+
+def put_head_of(big: jax.Array, part: jax.Array, groups: int = 1, axis: int = 0) -> jax.Array:
+    """`big` with the rows `head_of(big, n, groups, axis)` takes replaced by `part` [..., n, ...]."""
+    if groups == 1:
+        return jax.lax.dynamic_update_slice_in_dim(big, part.astype(big.dtype), 0, axis)
+    split = lambda x: x.reshape(x.shape[:axis] + (groups, x.shape[axis] // groups) + x.shape[axis + 1:])
+    out = jax.lax.dynamic_update_slice_in_dim(split(big), split(part).astype(big.dtype), 0, axis + 1)
+    return out.reshape(big.shape)

@@ -239,9 +239,6 @@ class Generator:
         Returns a :class:`TextStream`: iterate it for the pieces; once it is
         exhausted its ``finish_reason`` is set as in :meth:`generate`.
         """
-        if self.mesh is not None:
-            raise ConfigError("stream runs on one device for now (the engine is not on a mesh yet): "
-                              "generate returns the whole text on a mesh")
         if self.tokenizer is None:
             raise PromptError("streaming text needs a tokenizer")
         (ids,) = self.encode_prompts([prompt], chat)
@@ -255,14 +252,15 @@ class Generator:
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def _stream_engine(self, prompt_len: int, max_new: int) -> Engine:
-        """A one-row engine whose rows hold the prompt and its answer: the one kept from an
+        """A one-row engine (on a mesh, a row per data shard) whose rows hold the prompt and its answer: the one kept from an
         earlier stream when it does, else a new one (cache slots a power of two, so that
         nearby lengths share it)."""
         need = fitting_max_len(self, prompt_len, min(max_new, self.context_limit - prompt_len))
         if self._engine is None or self._engine.max_len < need:
             if self._engine is not None:
                 self._engine.close()
-            self._engine = Engine(self, max_rows=1, max_len=max(256, 1 << (need - 1).bit_length()))
+            rows = self.mesh.shape["data"] if self.mesh is not None else 1  # a row on each data shard
+            self._engine = Engine(self, max_rows=rows, max_len=max(256, 1 << (need - 1).bit_length()))
             # Its thread stops before the interpreter does (a thread left inside XLA at exit aborts it).
             weakref.finalize(self, self._engine.close)
         return self._engine

@@ -38,7 +38,7 @@ from eagle_jax.config import ConfigError
 
 __all__ = ["MeshShape", "RULES", "CACHE_AXES", "parse_mesh", "logical_axes",
            "per_device_elements", "partition_spec", "make_mesh", "fused_layout",
-           "shard_params", "shard_model", "shard_cache", "to_host"]
+           "shard_params", "shard_model", "shard_cache", "row_shardings", "to_host"]
 
 RULES: dict[str, str | None] = {
     "batch": "data",
@@ -234,6 +234,28 @@ def shard_cache(cache, mesh):
     kv = _spec(CACHE_AXES, cache.k.shape, MeshShape(mesh.shape["data"], mesh.shape["model"]))
     put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
     return cache.replace(k=put(cache.k, kv), v=put(cache.v, kv), lengths=put(cache.lengths, PartitionSpec()))
+
+
+def row_shardings(tree, mesh):
+    """NamedShardings for a tree of arrays that lead with rows (the engine's batched state):
+    rows on the data axis where it divides them; a `KVCache`'s k / v [L, B, Hkv, S, D] by
+    `CACHE_AXES` (rows on data, KV heads on model where they divide)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from eagle_jax.cache import KVCache
+
+    shape = MeshShape(mesh.shape["data"], mesh.shape["model"])
+    rows = lambda x: NamedSharding(mesh, PartitionSpec("data") if x.ndim and x.shape[0] % shape.data == 0
+                                   else PartitionSpec())
+
+    def leaf(x):
+        if isinstance(x, KVCache):
+            kv = NamedSharding(mesh, _spec(CACHE_AXES, x.k.shape, shape))
+            return x.replace(k=kv, v=kv, lengths=rows(x.lengths))
+        return rows(x)
+
+    return jax.tree.map(leaf, tree, is_leaf=lambda x: isinstance(x, KVCache))
 
 
 def to_host(tree):

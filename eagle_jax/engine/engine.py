@@ -59,6 +59,11 @@ again, so it catches up once, over all of them, at the row bucket they
 make. `adaptive=False` drafts at depth D at every step (its drafter too
 catches up over each prompt before the step that drafts first).
 
+On the generator's mesh the state's rows lie on the data axis and its caches' KV heads on the
+model axis (`sharding.row_shardings`), pinned on the output of every program that returns it, so
+no step reshards it; requests take rows one from each data shard in turn, and a row bucket (a
+multiple of the data axis) is the first rows of every shard (`LoopConfig.row_groups`).
+
 Not yet here: a draft depth per row (the depth is chosen for the whole step).
 """
 
@@ -69,6 +74,7 @@ import threading
 import time
 from collections import deque
 from functools import partial
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +83,7 @@ import numpy as np
 from eagle_jax.engine.policy import DraftPolicy, draft_depths
 from eagle_jax.engine.request import (Delta, Done, EngineError, Request, Sampling,
                                       sampling_arrays, spec_counts, to_device)
+from eagle_jax.sharding import row_shardings, shard_cache
 from eagle_jax.spec_decode import loop
 from eagle_jax.spec_decode.sampling import SamplingParams, row_keys
 from eagle_jax.stops import StreamText
@@ -132,9 +139,10 @@ class Engine:
                  speculative: bool | None = None, adaptive: bool = True, prefill_chunk: int = 64,
                  prefill_budget: int = 256):
         gen = self.gen = generator
-        if gen.mesh is not None:
-            raise ValueError("the engine runs on one device for now: on a mesh, Generator.generate "
-                             "decodes a static batch")
+        groups = gen.mesh.shape["data"] if gen.mesh is not None else 1
+        if max_rows % groups:
+            raise ValueError(f"on a mesh with a data axis of {groups}, max_rows must be a multiple of it "
+                             f"(each data shard holds as many rows), got {max_rows}")
         if gen.tokenizer is None:
             raise ValueError("the engine streams text: the target needs a tokenizer")
         if max_rows < 1:
@@ -152,14 +160,19 @@ class Engine:
         if adaptive and gen.spec.disable_by_batch_size == "auto":
             limit = None
         self.draft_rows = limit if speculative else None  # steps over more running rows decode plainly
-        lc = _row_config(gen, speculative)
+        lc = dataclasses.replace(_row_config(gen, speculative), row_groups=groups)
         # Room a step may write past a row's last token (as Generator._prepare sizes its caches).
         self.lc = dataclasses.replace(lc, context_limit=min(gen.context_limit, max_len - lc.cache_scratch))
         if self.lc.context_limit < 16:
             raise ValueError(f"max_len {max_len} leaves {self.lc.context_limit} tokens a row: need at least 16")
         self.max_rows, self.max_len, self.prefill_chunk = max_rows, max_len, prefill_chunk
         self.prefill_budget = prefill_budget
-        self.row_buckets = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
+        self.row_buckets = sorted({min(groups << i, max_rows) for i in range((max_rows // groups).bit_length() + 1)})
+        # Rows are taken in this order: on a mesh, one from each data shard in turn, so that a
+        # row bucket of n rows is the first n // groups rows of each shard (`loop._on_rows`).
+        per_shard = max_rows // groups
+        self._order = [(k % groups) * per_shard + k // groups for k in range(max_rows)]
+        self._rank = {row: k for k, row in enumerate(self._order)}
         self.width = 16 * -(-(self.lc.context_limit + self.lc.tokens_per_step) // 16)  # output columns per row
         self.draft = draft_name if speculative else "none"
         self.tokenizer, self.context_limit = gen.tokenizer, self.lc.context_limit
@@ -178,12 +191,15 @@ class Engine:
         self.closed = False
         t0 = time.perf_counter()
         self._shapes = self._state_shapes()
+        self._sharding = None  # the state's shardings on a mesh (`_empty`), pinned on each program's output
         self._state = self._empty()
+        self._programs = _programs(self._sharding)
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
         capped = self.draft_rows is not None and self.draft_rows < max_rows
         fixed = {0, self.depth} if capped else {self.depth}
         depths = (0,) + draft_depths(self.depth) if adaptive else tuple(sorted(fixed))
-        self._costs = self._warm_up(depths)
+        with gen.mesh_scope():
+            self._costs = self._warm_up(depths)
         if adaptive:
             self._policy = DraftPolicy(self._costs, self.depth)
         self.warmup_s = time.perf_counter() - t0
@@ -258,13 +274,24 @@ class Engine:
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._shapes)
         self._behind = 0
         feats, feat_tokens = loop.create_feats(self.lc, self.max_rows, self.max_len)
-        return loop.finish_rows(zeros.replace(feats=feats, feat_tokens=feat_tokens), jnp.ones((self.max_rows,), bool))
+        state = loop.finish_rows(zeros.replace(feats=feats, feat_tokens=feat_tokens), jnp.ones((self.max_rows,), bool))
+        if self.gen.mesh is None:
+            return state
+        if self._sharding is None:
+            self._sharding = row_shardings(state, self.gen.mesh)
+        return self._placed(state)
+
+    def _placed(self, state: loop.DecodeState) -> loop.DecodeState:
+        """The state laid out as the engine's programs take it (on a mesh: by `row_shardings`)."""
+        return state if self._sharding is None else jax.device_put(state, self._sharding)
 
     def _fill(self, row: int, ids: list[int], sampling: Sampling) -> _Fill:
         """Start prefilling a prompt into `row`: one-row caches and buffers."""
         tokens = np.zeros((1, self.max_len), np.int32)
         tokens[0, :len(ids)] = ids
         tcache, dcache = loop.create_caches(self.lc, 1, self.max_len, self._dtype)
+        if self.gen.mesh is not None:  # KV heads on the model axis, as the target's projections make them
+            tcache, dcache = shard_cache(tcache, self.gen.mesh), shard_cache(dcache, self.gen.mesh)
         feats, _ = loop.create_feats(self.lc, 1, self.max_len)
         return _Fill(row, len(ids), sampling, tokens, 0, tcache, dcache, feats)
 
@@ -284,20 +311,20 @@ class Engine:
         one = loop.start_row_jit(self.gen.target_params, f.hidden, to_device(f.tokens, np.int32),
                                  to_device([f.prompt_len], np.int32), to_device([max_new], np.int32), keys,
                                  sampling_arrays([s]), f.tcache, f.dcache, f.feats, lc=self.lc, out_width=self.width)
-        self._state = loop.insert_jit(self._state, one, f.row)
+        self._state = self._programs.insert(self._state, one, f.row)
         if self.lc.catch_up_width:  # with no row running, only the newcomers' lag counts
             self._behind = max(self._behind if self._jobs else 0, f.prompt_len)
         return True
 
     def _row_bucket(self) -> int:
         """The row bucket that holds every occupied row."""
-        top = max(self._jobs) + 1
+        top = max(self._rank[row] for row in self._jobs) + 1
         return next(b for b in self.row_buckets if b >= top)
 
     def _catch_up(self, rows: int) -> float:
         """One catch-up call over the first `rows` rows; its seconds."""
         t0 = time.perf_counter()
-        self._state = loop.catch_up_rows_jit(self.gen.target_params, self._dparams, self._state,
+        self._state = self._programs.catch_up_rows(self.gen.target_params, self._dparams, self._state,
                                              lc=self.lc, rows=rows)
         jax.block_until_ready(self._state.root_hidden)
         self.catch_ups += 1
@@ -310,7 +337,7 @@ class Engine:
             self._catch_up(rows)
             self._behind -= self.lc.catch_up_width
         t0 = time.perf_counter()
-        self._state = loop.step_rows_jit(self.gen.target_params, self._dparams, self._vocab, self._state,
+        self._state = self._programs.step_rows(self.gen.target_params, self._dparams, self._vocab, self._state,
                                          lc=self.lc, rows=rows, depth=depth)
         jax.block_until_ready(self._state.num_generated)
         if self.lc.catch_up_width:
@@ -321,7 +348,7 @@ class Engine:
         if rows:
             mask = np.zeros((self.max_rows,), bool)
             mask[rows] = True
-            self._state = loop.finish_rows_jit(self._state, to_device(mask, bool))
+            self._state = self._programs.finish_rows(self._state, to_device(mask, bool))
 
     def _warm_up(self, depths: tuple[int, ...], rounds: int = 4) -> dict:
         """Compile and run once: a prefill (a chunk, first token and insert), the step of
@@ -349,7 +376,8 @@ class Engine:
         costs = {}
         for filtered in (False, True) if len(depths) > 1 else ():
             every = sampling_arrays([warm if filtered else Sampling(max_new_tokens=2)])
-            self._state = self._state.replace(sampling=jax.tree.map(lambda a: jnp.repeat(a, self.max_rows), every))
+            self._state = self._placed(
+                self._state.replace(sampling=jax.tree.map(lambda a: jnp.repeat(a, self.max_rows), every)))
             timed = {k: run for k, run in runs.items() if not (filtered and k[1] == "catch_up")}
             for _ in range(rounds):
                 for (rows, kind), run in timed.items():
@@ -364,6 +392,10 @@ class Engine:
     # ------------------------------------------------------------ the loop thread
 
     def _loop(self) -> None:
+        with self.gen.mesh_scope():  # the Pallas kernels' shard_map reads it; a context is per thread
+            self._run()
+
+    def _run(self) -> None:
         while True:
             with self._wake:
                 while not (self.closed or self._waiting or self._jobs or self._filling):
@@ -430,7 +462,7 @@ class Engine:
             for req in [r for r in self._waiting if r.cancelled]:
                 self._waiting.remove(req)
                 req.push(Done("abort", len(req.prompt_ids), 0, None, time.monotonic() - req.arrived))
-            free = [s for s in range(self.max_rows) if s not in self._jobs and s not in self._filling]
+            free = [row for row in self._order if row not in self._jobs and row not in self._filling]
             taken = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
             self._running += len(taken)
         for row, req in zip(free, taken):
@@ -508,6 +540,26 @@ class Engine:
             self._waiting.clear()
             self._running = 0
         return reqs
+
+
+class _Programs(NamedTuple):
+    """The engine's jitted programs that return its batched state."""
+    step_rows: Callable
+    catch_up_rows: Callable
+    insert: Callable
+    finish_rows: Callable
+
+
+def _programs(sharding) -> _Programs:
+    """The loop's programs; on a mesh (`sharding`: the state's NamedShardings) compiled with the
+    state's shardings pinned on their output, so that each step takes the state as the last
+    one left it (no resharding, no compile after warm-up)."""
+    if sharding is None:
+        return _Programs(loop.step_rows_jit, loop.catch_up_rows_jit, loop.insert_jit, loop.finish_rows_jit)
+    pin = partial(jax.jit, donate_argnames=("state",), out_shardings=sharding)
+    return _Programs(pin(loop.step_rows, static_argnames=("lc", "rows", "depth")),
+                     pin(loop.catch_up_rows, static_argnames=("lc", "rows")),
+                     pin(loop.insert), pin(loop.finish_rows))
 
 
 def _row_config(gen, speculative: bool) -> loop.LoopConfig:

@@ -358,7 +358,8 @@ def fused_norm_matmul(x, norm_weights, w, *, eps, segments=1, bias=None, impl="a
     interpret = impl == "interpret" and ("hlo" if on_mesh else True)
     cfg = _Config(eps=eps, segments=segments, target=target, interpret=interpret,
                   out_dtype=jnp.dtype(out_dtype or x.dtype), poison=poison)
-    y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis)
+    y = _on_mesh(functools.partial(_pallas_apply, cfg), x2, norm_weights, stack, bias, layer, column_axis,
+                 batch=lead[0] if lead else x2.shape[0])
     return y.reshape(*lead, n)
 
 
@@ -368,11 +369,13 @@ def _multi_device_mesh():
     return None if mesh.empty or mesh.size == 1 else mesh
 
 
-def _on_mesh(apply, x2, g, w, bias, layer, column_axis):
+def _on_mesh(apply, x2, g, w, bias, layer, column_axis, batch):
     """apply(x2 [M, K], g, w [..., K, N], bias [N] or None, layer) -> [M, N], on each device's
-    block under the context mesh (`shard_map`): the rows split on its ``data`` axis and w's
-    columns (with the bias and the result's) on `column_axis`, each where the axis divides
-    them, so no device gathers a weight (a column-parallel projection needs no collective).
+    block under the context mesh (`shard_map`): the rows split on its ``data`` axis where that
+    divides `batch` (x's leading dimension, whose blocks the M rows follow: the blocks of the
+    batch's data sharding, not a split of some batch rows between devices) and w's columns
+    (with the bias and the result's) on `column_axis` where it divides them, so no device
+    gathers a weight (a column-parallel projection needs no collective).
     Without a context mesh of more than one device, `apply` as it is."""
     from jax.sharding import PartitionSpec as P
 
@@ -383,7 +386,7 @@ def _on_mesh(apply, x2, g, w, bias, layer, column_axis):
     def axis(name, size):
         return name if name in mesh.axis_names and size % mesh.shape[name] == 0 else None
 
-    rows, cols = axis("data", x2.shape[0]), axis(column_axis, w.shape[-1])
+    rows, cols = axis("data", batch), axis(column_axis, w.shape[-1])
     values = (x2, g, w, bias, layer)
     specs = (P(rows, None), P(), P(*[None] * (w.ndim - 1), cols), P(cols), P())
     given = [i for i, v in enumerate(values) if v is not None]  # shard_map maps arrays, not None

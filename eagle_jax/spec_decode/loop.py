@@ -26,7 +26,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from eagle_jax.cache import KVCache
+from eagle_jax.cache import KVCache, head_of, put_head_of
 from eagle_jax.config import DrafterConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter, target
 from eagle_jax.spec_decode import tree as tree_lib
@@ -52,6 +52,9 @@ class LoopConfig:
     # a call. For the engine: its state holds `create_feats` buffers, and `insert`
     # puts each prefilled row's prompt into them.
     catch_up_width: int = 0
+    # The engine's rows come in this many equal blocks, one per shard of a mesh's data axis;
+    # a step over `rows` of them takes the first rows // row_groups of each block (`_on_rows`).
+    row_groups: int = 1
 
     @property
     def speculative(self) -> bool:
@@ -389,21 +392,25 @@ def catch_up_rows(tparams, dparams, state: DecodeState, *, lc: LoopConfig, rows:
 
 
 def _on_rows(fn, state: DecodeState, rows: int, lc: LoopConfig) -> DecodeState:
-    """fn(state) -> state over rows [0, rows), the other rows left as they are.
-    With the native CPU kernels the caches are not copied: fn works on views
-    of their first rows (`KVCache.head_rows`); `feats` and `feat_tokens` go whole."""
+    """fn(state) -> state over rows [0, rows), the other rows left as they are; with
+    `lc.row_groups` blocks of rows (a mesh's data shards), over the first rows // row_groups
+    of each block (`cache.head_of`). With the native CPU kernels the caches are not copied:
+    fn works on views of their first rows (`KVCache.head_rows`); in one block `feats` and
+    `feat_tokens` go whole."""
     if rows == state.pending.shape[0]:
         return fn(state)
-    head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl)
+    g = lc.row_groups
+    head = lambda c: None if c is None else c.head_rows(rows, impl=lc.impl, groups=g)
     whole = dict(tcache=None, dcache=None, feats=None, feat_tokens=None)
-    part = jax.tree.map(lambda x: x[:rows], state.replace(**whole))
-    part = fn(part.replace(tcache=head(state.tcache), dcache=head(state.dcache), feats=state.feats,
-                           feat_tokens=state.feat_tokens))
-    put = lambda big, small: jax.lax.dynamic_update_slice_in_dim(big, small, 0, axis=0)
-    rest = jax.tree.map(put, state.replace(**whole), part.replace(**whole))
-    return rest.replace(tcache=state.tcache.put_head_rows(part.tcache), feats=part.feats,
-                        feat_tokens=part.feat_tokens,
-                        dcache=None if state.dcache is None else state.dcache.put_head_rows(part.dcache))
+    if g > 1:  # feats go by row too: a step's row i is the i-th of its own rows
+        whole = dict(tcache=None, dcache=None)
+    part = jax.tree.map(lambda x: head_of(x, rows, g), state.replace(**whole))
+    part = fn(part.replace(tcache=head(state.tcache), dcache=head(state.dcache),
+                           **({} if g > 1 else dict(feats=state.feats, feat_tokens=state.feat_tokens))))
+    rest = jax.tree.map(lambda big, small: put_head_of(big, small, g), state.replace(**whole), part.replace(**whole))
+    rest = rest if g > 1 else rest.replace(feats=part.feats, feat_tokens=part.feat_tokens)
+    return rest.replace(tcache=state.tcache.put_head_rows(part.tcache, g),
+                        dcache=None if state.dcache is None else state.dcache.put_head_rows(part.dcache, g))
 
 
 def run(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig) -> DecodeState:

@@ -28,9 +28,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle_jax.config import ConfigError
 from eagle_jax.train.datastore import read_conversations
+
+if TYPE_CHECKING:  # the module imports jax: `eagle-jax train --help` does not wait for it
+    from eagle_jax.train.config import TrainConfig
 
 __all__ = ["add_arguments", "main", "load_config", "prepare"]
 

@@ -2,7 +2,7 @@
 before jax starts): greedy output of a tiny target, plain and speculative, unsharded and on each mesh
 given, and the collectives of one sharded speculative step. Prints one JSON object.
 
-    python tests/mesh/run_on_mesh.py 1x8 2x4
+    python tests/mesh/run_on_mesh.py [--engine plain,chain,tree] 1x8 2x4
 
 With `--join HOST:PORT N I` it is process I of N (tests/mesh/test_multihost.py): the devices
 are split evenly between the processes, joined by `eagle_jax.runtime.initialize_distributed`,
@@ -19,8 +19,11 @@ import tempfile
 
 args = sys.argv[1:]
 join = None
-if args[:1] == ["--join"]:
-    join, args = (args[1], int(args[2]), int(args[3])), args[4:]
+engine_methods = ("plain", "chain", "tree")
+if args[:1] == ["--engine"]:  # the methods the engine runs (comma-separated; "" none)
+    engine_methods, args = tuple(m for m in args[1].split(",") if m), args[2:]
+if args[:1] == ["--join"]:  # the engine runs in one process (its multi-host serving is not here yet)
+    join, args, engine_methods = (args[1], int(args[2]), int(args[3])), args[4:], ()
 meshes = args
 devices = max((int(d) * int(m) for d, m in (x.split("x") for x in meshes)), default=1)
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices // (join[1] if join else 1)}"
@@ -35,16 +38,17 @@ if join:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec_decode"))
 import spec_helpers as H  # noqa: E402
 
-from eagle_jax.config import ConfigError, SpecConfig, TargetConfig  # noqa: E402
+from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
 from eagle_jax.convert.drafter_formats import params_from_tensors, tensors_from_params  # noqa: E402
 from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
 from eagle_jax.engine.batch import batch_inputs  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
-from eagle_jax.engine import Engine  # noqa: E402
+from eagle_jax.engine import Engine, Sampling  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
 from eagle_jax.models.drafter import Drafter  # noqa: E402
 from eagle_jax.sharding import make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
 from eagle_jax.spec_decode import loop  # noqa: E402
+from eagle_jax.tokenizer import Tokenizer  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
 # divides them.
@@ -64,6 +68,56 @@ def run(mesh, method, impl="xla"):
     return g, {"tokens": out.token_ids, "accepted": out.stats.get("accepted_tokens", 0)}
 
 
+def tiny_tokenizer() -> Tokenizer:
+    """A word-level tokenizer of the target's 8 tokens ("t0" .. "t7"): the engine streams text."""
+    from tokenizers import Tokenizer as Tokens, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = Tokens(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token="t0"))
+    tokens.pre_tokenizer, tokens.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokens))
+
+
+def compiled_collectives(text: str) -> dict:
+    """Result shapes of each kind of collective in compiled HLO text."""
+    out = {}
+    for m in re.finditer(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|reduce-scatter|"
+                         r"collective-permute|all-to-all)(?:-start)?\(", text):
+        shapes = [[int(x) for x in dims.split(",") if x] for dims in re.findall(r"\[([0-9,]*)\]", m.group(1))]
+        out.setdefault(m.group(2), []).extend(s for s in shapes if s not in out.get(m.group(2), []))
+    return out
+
+
+def engine(mesh, method) -> dict:
+    """The engine on the mesh, two rows a data shard: the prompts submitted at once (on one
+    data shard more than its rows: they queue; on several, a row bucket of one row a shard),
+    their greedy text; compiles after the warm-up (none); the collectives of its compiled
+    step over every row and over its smallest row bucket; a stream."""
+    kw = {} if method == "plain" else {"drafter": drafter, "spec": specs[method]}
+    g = Generator(cfg, params, tiny_tokenizer(), impl="xla", mesh=parse_mesh(mesh) if mesh else None, **kw)
+    data = g.mesh.shape["data"] if g.mesh is not None else 1
+    e = Engine(g, max_rows=2 * data, max_len=64, adaptive=False, speculative=method != "plain")
+    compiles = []
+    listen = lambda event, _s, **_: compiles.append(event) if event.startswith("/jax/core/compile/") else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        reqs = [e.submit(p, Sampling(max_new_tokens=12)) for p in prompts]
+        texts = ["".join(ev.text for ev in r if hasattr(ev, "text")) for r in reqs]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    out = {"texts": texts, "compiles": len(compiles), "buckets": e.row_buckets,
+           "stream": "".join(g.stream(prompts[0], max_new_tokens=12, chat=False))}
+    if g.mesh is not None:
+        with g.mesh_scope():
+            for rows in sorted({e.row_buckets[0], e.max_rows}):
+                text = e._programs.step_rows.lower(g.target_params, e._dparams, e._vocab, e._state, lc=e.lc,
+                                                   rows=rows, depth=e.depth).compile().as_text()
+                out[f"collectives_{rows}"] = compiled_collectives(text)
+        out["cache"] = list(e._state.tcache.k.shape)
+    e.close()
+    return out
+
+
 def collectives(g) -> dict:
     """Result shapes of each kind of collective in one compiled speculative step, and how many
     shard_map and pallas_call equations its jaxpr has."""
@@ -74,12 +128,7 @@ def collectives(g) -> dict:
         traced = loop.step_jit.trace(g.target_params, g.drafter_params, g.vocab, state, lc=lc)
         text = traced.lower().compile().as_text()
     jaxpr = str(traced.jaxpr)
-    out = {}
-    for m in re.finditer(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|reduce-scatter|"
-                         r"collective-permute|all-to-all)(?:-start)?\(", text):
-        shapes = [[int(x) for x in dims.split(",") if x] for dims in re.findall(r"\[([0-9,]*)\]", m.group(1))]
-        out.setdefault(m.group(2), []).extend(s for s in shapes if s not in out.get(m.group(2), []))
-    return {"collectives": out, "cache": list(state.tcache.k.shape),
+    return {"collectives": compiled_collectives(text), "cache": list(state.tcache.k.shape),
             "kernels": {"shard_map": jaxpr.count("shard_map["), "pallas_call": jaxpr.count("pallas_call[")}}
 
 
@@ -101,17 +150,7 @@ def loaded(mesh) -> dict:
     same_value = [jax.tree.map(lambda a, b: bool((a == b).all()), to_host(p), to_host(want))
                   for _, p, (_, want) in pairs]
     g = Generator(got.cfg, got.params, impl="xla", mesh=parse_mesh(mesh), drafter=got_drafter, spec=specs["chain"])
-    try:
-        Engine(g)
-        refused = None
-    except ValueError as e:
-        refused = str(e)
-    try:
-        g.stream([1, 2, 3])
-        stream_refused = None
-    except ConfigError as e:
-        stream_refused = str(e)
-    return {"slot_engine": refused, "stream": stream_refused, "same_shardings": all(jax.tree.leaves(same_sharding)),
+    return {"same_shardings": all(jax.tree.leaves(same_sharding)),
             "same_values": all(jax.tree.leaves(same_value)),
             "fused_groups": [[c.fused_groups, want_cfg.fused_groups] for c, _, (want_cfg, _) in pairs],
             "sharded_leaves": [sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(p))
@@ -122,11 +161,16 @@ def loaded(mesh) -> dict:
 result = {"reference": {}, "meshes": {}}
 for method in ("plain", "chain", "tree") if not join else ():
     result["reference"][method] = run(None, method)[1]
+    if method in engine_methods:
+        result["reference"][method]["engine"] = engine(None, method)
+        result["reference"][method]["engine"]["want"] = [tiny_tokenizer().decode(t, skip_special_tokens=True)
+                                                         for t in result["reference"][method]["tokens"]]
 for mesh in meshes:
     result["meshes"][mesh] = {}
     for method in ("plain", "chain", "tree"):
         g, out = run(mesh, method)
-        result["meshes"][mesh][method] = out
+        result["meshes"][mesh][method] = dict(out, **({"engine": engine(mesh, method)} if method in engine_methods
+                                                      else {}))
         if method == "chain":
             result["meshes"][mesh].update(collectives(g))
     # The Pallas kernels (interpreted on CPU) on each device's block, under shard_map.

@@ -31,8 +31,8 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_on_mesh.p
 HEAD_DIM = 8  # of run_on_mesh.py's target
 
 
-def _run(*meshes: str) -> dict:
-    proc = subprocess.run([sys.executable, SCRIPT, *meshes], capture_output=True, text=True, timeout=1200)
+def _run(*meshes: str, engine: str = "plain,chain,tree") -> dict:
+    proc = subprocess.run([sys.executable, SCRIPT, "--engine", engine, *meshes], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -57,8 +57,18 @@ def _check(result: dict, mesh: str) -> None:
     if mesh.split("x")[1] != "1":  # a model axis splits some leaves of each
         assert all(n > 0 for n in got["loaded"]["sharded_leaves"]), got["loaded"]
     assert got["loaded"]["tokens"] == ref["chain"]["tokens"]
-    assert "runs on one device" in got["loaded"]["slot_engine"]
-    assert "stream runs on one device" in got["loaded"]["stream"]
+    # The engine on the mesh: concurrent requests, a stream, the single-device text; nothing compiled
+    # after its warm-up; row buckets of whole rows per data shard; its step over every row and over
+    # its smallest bucket moves no weight and no whole cache.
+    data = int(mesh.split("x")[0])
+    for method in [m for m in ("plain", "chain", "tree") if "engine" in got[m]]:
+        eng, one = got[method]["engine"], ref[method]["engine"]
+        assert one["texts"] == one["want"] and eng["texts"] == one["texts"], (mesh, method)
+        assert eng["stream"] == one["texts"][0] and eng["compiles"] == 0, (mesh, method, eng["compiles"])
+        assert all(b % data == 0 for b in eng["buckets"]), eng["buckets"]
+        for key in [k for k in eng if k.startswith("collectives_")]:
+            moved = {tuple(s) for shapes in eng[key].values() for s in shapes}
+            assert not moved & (weights | {tuple(eng["cache"])}), (mesh, method, key, eng[key])
     # The step moves activations between shards, never a whole weight or the whole KV cache.
     moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
     assert not moved & weights, moved & weights
@@ -69,7 +79,7 @@ def _check(result: dict, mesh: str) -> None:
 
 
 def test_greedy_output_on_a_1x8_mesh_equals_the_unsharded_run():
-    _check(_run("1x8"), "1x8")
+    _check(_run("1x8", engine="chain"), "1x8")  # the engine: chain here, every method on the slow meshes
 
 
 @pytest.mark.slow
@@ -87,7 +97,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_on_one_2x4_mesh_generate_what_one_process_does():
-    reference = _run()["reference"]  # one process, unsharded
+    reference = _run(engine="")["reference"]  # one process, unsharded
     address = f"127.0.0.1:{_free_port()}"
     procs = [subprocess.Popen([sys.executable, SCRIPT, "--join", address, "2", str(i), "2x4"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]

@@ -7,6 +7,8 @@ step works on views of the whole caches, in place) and on the XLA path
 (where it copies the rows out and back).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +67,30 @@ def test_step_rows_steps_the_head_and_leaves_the_tail(impl, method):
     assert int(state.num_generated[0]) > 3  # the head rows did advance
     jax.tree.map(np.testing.assert_array_equal, _rows(state, 0, 2), _rows(head, 0, 2))
     jax.tree.map(np.testing.assert_array_equal, _rows(state, 2, 4), tail)
+
+
+def _pick(state, rows):
+    """The state of the given rows, in that order (cache k/v along their batch axis)."""
+    def take(path, x):
+        axis = 1 if any(getattr(p, "name", None) in ("k", "v") for p in path) else 0
+        return jnp.take(x, jnp.asarray(rows), axis=axis)
+    return jax.tree_util.tree_map_with_path(take, state)
+
+
+def test_step_rows_in_row_groups_steps_the_head_of_each_group():
+    """With `row_groups=2` (the engine on a mesh whose data axis of 2 holds rows [0, 2) and
+    [2, 4)) a step over 2 rows steps the first row of each group, rows 0 and 2, as a state of
+    those rows alone, and leaves rows 1 and 3 as they were."""
+    gen = _generator("xla", METHODS["chain"])
+    lc, dparams, vocab, state = _prefilled(gen, random_prompts(8, [9, 5, 13, 7]))
+    grouped = dataclasses.replace(lc, row_groups=2)
+    head, rest = _pick(state, [0, 2]), _pick(state, [1, 3])
+    for _ in range(3):
+        state = loop.step_rows_jit(gen.target_params, dparams, vocab, state, lc=grouped, rows=2)
+        head = loop.step_jit(gen.target_params, dparams, vocab, head, lc=lc)
+    assert int(state.num_generated[2]) > 3  # the second group's head did advance
+    jax.tree.map(np.testing.assert_array_equal, _pick(state, [0, 2]), head)
+    jax.tree.map(np.testing.assert_array_equal, _pick(state, [1, 3]), rest)
 
 
 def test_step_rows_over_every_row_steps_each_row_as_alone():
