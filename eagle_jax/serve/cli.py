@@ -56,6 +56,7 @@ import os
 
 from eagle_jax.cli.args import add_model_arguments, generator_from_args
 from eagle_jax.serve.limits import Limits, PortInUse, bind
+from eagle_jax.sharding import parse_mesh
 
 __all__ = ["add_arguments", "main"]
 
@@ -94,6 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
+    data = parse_mesh(args.mesh).data if args.mesh else 1
+    if args.max_batch < 1 or args.max_batch % data:
+        print(f"eagle-jax serve: error: --max-batch must be a positive multiple of the mesh's data axis ({data}): "
+              f"each data shard holds as many rows; got {args.max_batch}", flush=True)
+        return 1
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second
     except PortInUse as e:

@@ -367,6 +367,15 @@ def test_a_busy_port_is_one_line(served, capsys):
     assert len(lines) == 1 and "address already in use" in lines[0], lines
 
 
+def test_a_batch_the_mesh_does_not_divide_is_one_line(capsys):
+    from eagle_jax.cli import main
+
+    assert main(["serve", "--mesh", "2x4", "--max-batch", "3"]) == 1  # before the model is loaded
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert len(lines) == 1 and "--max-batch must be a positive multiple of the mesh's data axis (2)" in lines[0]
+
+
 # ---------------------------------------------------------------------------- load
 
 
