@@ -143,13 +143,13 @@ def test_staggered_greedy_requests_match_each_alone(any_method):
 def test_a_lone_request_steps_one_row(plain, monkeypatch):
     """A request alone runs in row 0 and each step covers that row only, not every row."""
     gen, engine = plain
-    rows, step = [], loop.step_rows_jit
+    rows, step = [], engine._programs.step_rows
 
     def spy(*args, rows_=rows, **kwargs):
         rows_.append(kwargs["rows"])
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "step_rows_jit", spy)
+    monkeypatch.setattr(engine, "_programs", engine._programs._replace(step_rows=spy))
     async def alone():
         return await _collect(engine.submit(_ids(gen, PROMPTS[2]), Sampling(max_new_tokens=8)))
 
@@ -162,7 +162,7 @@ def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, m
     """A newcomer's prompt of several chunks goes in one chunk (the budget) between two steps of the
     row that runs; both answers equal each prompt alone."""
     gen, engine = any_method
-    calls, chunk, step = [], loop.prompt_chunk_jit, loop.step_rows_jit
+    calls, chunk, step = [], loop.prompt_chunk_jit, engine._programs.step_rows
 
     def spy(name, fn):
         def call(*args, **kwargs):
@@ -171,7 +171,7 @@ def test_a_long_prompt_is_prefilled_between_the_running_rows_steps(any_method, m
         return call
 
     monkeypatch.setattr(loop, "prompt_chunk_jit", spy("chunk", chunk))
-    monkeypatch.setattr(loop, "step_rows_jit", spy("step", step))
+    monkeypatch.setattr(engine, "_programs", engine._programs._replace(step_rows=spy("step", step)))
     running, newcomer = PROMPTS[3], " ".join(PROMPTS[:6])
     n_chunks = -(-len(_ids(gen, newcomer)) // CHUNK)
     assert n_chunks >= 3
@@ -334,7 +334,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(plain, monkeypa
     async def ask(prompt):
         return await _collect(engine.submit(_ids(gen, prompt), Sampling(max_new_tokens=8)))
 
-    monkeypatch.setattr(loop, "step_rows_jit", broken)
+    monkeypatch.setattr(engine, "_programs", engine._programs._replace(step_rows=broken))
     with pytest.raises(EngineError, match="device lost"):
         asyncio.run(ask(PROMPTS[0]))
     monkeypatch.undo()
@@ -416,13 +416,13 @@ def test_no_drafting_starts_while_a_prompt_is_joining(adaptive, monkeypatch):
     policy = _Deepest(gen.spec.depth)
     monkeypatch.setattr(engine, "_policy", policy)
     monkeypatch.setattr(engine, "prefill_budget", CHUNK)  # one chunk of the newcomer between two steps
-    seen, step = [], loop.step_rows_jit
+    seen, step = [], engine._programs.step_rows
 
     def spy(*args, **kwargs):
         seen.append((bool(engine._filling), kwargs["depth"], engine.catch_ups, policy.n))
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "step_rows_jit", spy)
+    monkeypatch.setattr(engine, "_programs", engine._programs._replace(step_rows=spy))
     long = " ".join(PROMPTS) + " " + " ".join(reversed(PROMPTS))
     assert len(_ids(gen, long)) > 3 * CHUNK
 
@@ -453,13 +453,13 @@ def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_targe
     engine = Engine(gen, max_rows=2, max_len=256, adaptive=False, prefill_chunk=CHUNK)
     try:
         assert engine.lc.speculative and engine.info()["disable_by_batch_size"] == 1
-        seen, step = [], loop.step_rows_jit
+        seen, step = [], engine._programs.step_rows
 
         def spy(*args, **kwargs):
             seen.append((len(engine._jobs), kwargs["depth"]))
             return step(*args, **kwargs)
 
-        monkeypatch.setattr(loop, "step_rows_jit", spy)
+        monkeypatch.setattr(engine, "_programs", engine._programs._replace(step_rows=spy))
 
         async def scenario():
             started = asyncio.Event()

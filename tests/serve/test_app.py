@@ -43,12 +43,17 @@ def gen(smollm2_target):
     return Generator(t.cfg, t.params, t.tokenizer, drafter=drafter, spec=SpecConfig(disable_by_batch_size=None))
 
 
+ENGINES = {}  # URL -> the engine of the server started there
+
+
 def _start(gen, **kw):
     """A server on its own engine (drafting at every step: the counters below are then certain)."""
     settings = {"max_batch": ROWS, "max_len": 256, "prefill_chunk": 32, "adaptive": False, **kw}
     server = make_server(gen, "127.0.0.1", 0, model_name=MODEL, draft_name="default", **settings)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    ENGINES[url] = server.engine
+    return server, url
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +172,14 @@ def test_seed_makes_sampling_repeatable(served, client):
 
 
 def test_failure_mid_stream_is_an_error_event(served, monkeypatch):
-    from eagle_jax.spec_decode import loop
 
     _, url = served
 
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(loop, "step_rows_jit", broken)
+    engine = ENGINES[url]
+    monkeypatch.setattr(engine, "_programs", engine._programs._replace(step_rows=broken))
     status, text, _ = _post(url + "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "stream": True})
     assert status == 200  # the headers were already sent when it failed
     events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
