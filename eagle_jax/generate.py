@@ -68,17 +68,12 @@ class Generator:
                  prefill_chunk: int = 512, impl: str = "auto", unroll_layers: bool | None = None,
                  mesh: MeshShape | None = None):
         self.mesh = None
-        resolved = ops.resolve(impl)  # once: every loop config carries it
+        try:  # once: every loop config carries it (the Pallas kernels read the mesh `mesh_scope` sets)
+            impl = ops.resolve_on_devices(impl, mesh.devices if mesh is not None else 1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if mesh is not None and mesh.devices > 1:
-            # XLA's partitioner places the work; the Pallas kernels run on each device's block (under
-            # the mesh context the loops are called in, `_on_mesh`). The native CPU kernels take whole
-            # packed weights, so "auto" resolving to them decodes through XLA on a mesh.
-            if ops.resolve("xla" if impl == "auto" else impl) == "native":
-                raise ConfigError(f"impl 'native' runs on one device; a {mesh.data}x{mesh.model} mesh decodes "
-                                  f"through XLA or Pallas (impl 'auto', 'xla', 'pallas' or 'interpret')")
-            resolved = "xla" if resolved == "native" else resolved
             self.mesh = make_mesh(mesh)
-        impl = resolved
         # Per-layer weight buffers (an unrolled layer loop) by default on CPU,
         # where scanning over stacked weights copies them every step; packed
         # projections when the native CPU kernels run.

@@ -38,7 +38,7 @@ from eagle_jax.config import ConfigError
 
 __all__ = ["MeshShape", "RULES", "CACHE_AXES", "parse_mesh", "logical_axes",
            "per_device_elements", "partition_spec", "make_mesh", "fused_layout",
-           "shard_params", "shard_model", "shard_cache", "row_shardings", "to_host"]
+           "shard_params", "shard_model", "shard_cache", "row_shardings", "state_shardings", "to_host"]
 
 RULES: dict[str, str | None] = {
     "batch": "data",
@@ -256,6 +256,24 @@ def row_shardings(tree, mesh):
         return rows(x)
 
     return jax.tree.map(leaf, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def state_shardings(tree, mesh, *, fsdp: bool = False):
+    """NamedShardings for a training state (a drafter's parameters, its optimizer state, scalars):
+    every array whole on each device, or with `fsdp` each split over the data axis along its
+    largest dimension that axis divides (XLA's partitioner gathers what a step needs)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    data = mesh.shape["data"]
+
+    def leaf(x):
+        dims = [i for i in sorted(range(x.ndim), key=lambda i: -x.shape[i]) if x.shape[i] % data == 0]
+        if not fsdp or data == 1 or not dims:
+            return NamedSharding(mesh, PartitionSpec())
+        return NamedSharding(mesh, PartitionSpec(*["data" if i == dims[0] else None for i in range(x.ndim)]))
+
+    return jax.tree.map(leaf, tree)
 
 
 def to_host(tree):

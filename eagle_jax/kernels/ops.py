@@ -45,6 +45,19 @@ def _resolve(impl: str, _forced: str | None, _backend: str) -> str:
     return resolve_impl(impl)
 
 
+def resolve_on_devices(impl: str, devices: int) -> str:
+    """`resolve(impl)` for a run over `devices` devices (a mesh): the native CPU kernels take
+    whole packed weights, so there "auto" resolves past them (to XLA) and "native" is a
+    ValueError; XLA's partitioner places the work, the Pallas kernels run on each device's block."""
+    resolved = resolve(impl)
+    if devices <= 1:
+        return resolved
+    if resolve("xla" if impl == "auto" else impl) == "native":
+        raise ValueError(f"impl 'native' runs on one device; a mesh of {devices} runs through XLA or Pallas "
+                         f"(impl 'auto', 'xla', 'pallas' or 'interpret')")
+    return "xla" if resolved == "native" else resolved
+
+
 def is_native(impl: str) -> bool:
     """Whether `impl` runs the native CPU kernels."""
     return resolve(impl) == "native"

@@ -69,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-max-new-tokens", type=int)
     p.add_argument("--save-every", type=int)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype")
+    p.add_argument("--mesh", help="DATAxMODEL devices: batches over DATA, the target over MODEL (on CPU, simulate "
+                                  "devices with XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    p.add_argument("--fsdp", dest="fsdp", action="store_true", default=None,
+                   help="on a mesh: the drafter and its optimizer state split over the data axis (else replicated)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key (value parsed as YAML), repeatable")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
@@ -77,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "resume_from", "export_state",
               "learning_curve", "steps", "lr", "ttt_length", "labels",
               "draft_vocab_size", "batch_size", "seq_len", "output_dir", "resume", "eval_every",
-              "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress")
+              "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress", "mesh", "fsdp")
 
 
 def load_config(args) -> "TrainConfig":

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from eagle_jax.config import ConfigError
+from eagle_jax.sharding import parse_mesh
 from eagle_jax.train import ttt
 
 __all__ = ["TrainConfig", "VARIANTS", "DTYPES"]
@@ -111,6 +112,11 @@ class TrainConfig:
     export_state: str | None = None  # write the end state here (train/state.py), e.g. train/state/eagle3.1
     learning_curve: bool = False  # append the run's point to benchmarks/results/learning_curve.jsonl
     impl: str = "auto"
+    # A jax Mesh ("DATAxMODEL", eagle_jax/sharding.py): batches split over the data axis, the
+    # frozen target over the model axis; the drafter and its optimizer state replicated, or
+    # with `fsdp` split over the data axis.
+    mesh: str | None = None
+    fsdp: bool = False
 
     @classmethod
     def fields(cls) -> list[str]:
@@ -168,6 +174,12 @@ class TrainConfig:
             self.aux_layer_ids = [int(i) for i in self.aux_layer_ids]
         if self.init_from and self.resume_from:
             raise ConfigError("give init_from or resume_from, not both (a state names its own drafter)")
+        if self.mesh is not None:
+            data = parse_mesh(self.mesh).data
+            if self.batch_size % data:
+                raise ConfigError(f"batch_size {self.batch_size} must be a multiple of the mesh's data axis ({data})")
+        elif self.fsdp:
+            raise ConfigError("fsdp shards the drafter over a mesh's data axis: give a mesh too")
         if (self.export_state or self.learning_curve) and not self.export:
             raise ConfigError("export_state and learning_curve need export: true (they use the exported drafter)")
         return self

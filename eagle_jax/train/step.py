@@ -47,11 +47,13 @@ def make_optimizer(cfg: TrainConfig):
 
 
 def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: float = 0.8,
-                    labels: str = "soft", compute_dtype=jnp.float32, impl: str = "auto"):
+                    labels: str = "soft", compute_dtype=jnp.float32, impl: str = "auto", state_sharding=None):
     """A jitted ``train_step(state, embed, batch) -> (state, metrics)`` (state donated).
 
     batch: input_ids, loss_mask, lengths, aux [B,T,A*Ht], target_logits
-    [B,T,Vd] float32, in_vocab [B,T] bool.
+    [B,T,Vd] float32, in_vocab [B,T] bool. On a mesh (`state_sharding`: the state's
+    NamedShardings, `sharding.state_shardings`) the new state keeps them; the batch comes
+    split over the data axis and XLA's partitioner adds the gradients' reduction.
     """
 
     def loss_fn(params, embed, batch):
@@ -67,7 +69,10 @@ def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: flo
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         m = dict(m, loss=loss, grad_norm=optax.tree.norm(grads))
-        return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), m
+        new = dict(state, params=params, opt_state=opt_state, step=state["step"] + 1)
+        if state_sharding is not None:
+            new = jax.lax.with_sharding_constraint(new, state_sharding)
+        return new, m
 
     return train_step
 

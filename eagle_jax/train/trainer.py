@@ -22,6 +22,7 @@ it is not part of the trained parameters, the optimiser state, the checkpoints o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,6 +39,7 @@ import numpy as np
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
 from eagle_jax.kernels import ops
 from eagle_jax.models import drafter, target
+from eagle_jax.sharding import MeshShape, make_mesh, parse_mesh, shard_model, state_shardings
 from eagle_jax.train import checkpoint
 from eagle_jax.train import features as features_lib
 from eagle_jax.train.card import model_card, plot_curves, read_log
@@ -52,8 +54,8 @@ __all__ = ["Trainer", "evaluate_acceptance"]
 
 def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterConfig, dparams,
                         vocab, prompts: Sequence[Sequence[int]], *, k: int = 5,
-                        max_new_tokens: int = 48) -> dict:
-    """Greedy chain drafting with k tokens through `eagle_jax.generate.Generator`."""
+                        max_new_tokens: int = 48, mesh: MeshShape | None = None) -> dict:
+    """Greedy chain drafting with k tokens through `eagle_jax.generate.Generator` (on `mesh`)."""
     from eagle_jax.config import SpecConfig
     from eagle_jax.generate import Generator
 
@@ -61,7 +63,7 @@ def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterCon
     dp = jax.tree.map(lambda x: jnp.asarray(x).astype(dtype), dparams)
     gen = Generator(tcfg, tparams, tokenizer, drafter=(dcfg, dp, vocab),
                     spec=SpecConfig("chain", num_speculative_tokens=k, disable_by_batch_size=None),
-                    unroll_layers=False)  # acceptance only: the scanned layers compile faster
+                    unroll_layers=False, mesh=mesh)  # acceptance only: the scanned layers compile faster
     t0 = time.perf_counter()
     res = gen.generate([list(map(int, p)) for p in prompts], max_new_tokens=max_new_tokens)
     wall = time.perf_counter() - t0
@@ -99,6 +101,12 @@ class Trainer:
                  data_info: Mapping | None = None, pad_id: int = 0):
         cfg.validate()
         self.cfg = cfg
+        # On a mesh: the target over its model axis (its fused projections regrouped, its config
+        # saying so), the batches over its data axis, the drafter's state as `cfg.fsdp` says.
+        self.mesh_shape = parse_mesh(cfg.mesh) if cfg.mesh else None
+        self.mesh = make_mesh(self.mesh_shape) if self.mesh_shape and self.mesh_shape.devices > 1 else None
+        if self.mesh is not None:
+            target_cfg, target_params = shard_model(target.Target, target_cfg, target_params, self.mesh)
         self.tcfg = target_cfg
         self.tparams = target_params
         self.examples = train_examples
@@ -121,22 +129,30 @@ class Trainer:
                                else jax.tree.map(lambda x: jnp.asarray(x, feature_dtype), target_params))
         # the decoder layers of the feature pass run on the native kernels' packed weights where they load
         # (benchmarks/results/analysis.md, "Training twice as fast on CPU")
-        self.impl = ops.resolve(cfg.impl)  # once: the jitted step and feature pass carry it
+        try:  # once: the jitted step and feature pass carry it
+            self.impl = ops.resolve_on_devices(cfg.impl, self.mesh.size if self.mesh is not None else 1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.forward_params = (target.prepare_for_decoding(self.feature_params, target_cfg, impl=self.impl)
                                if self.impl == "native" else None)
         self.param_dtype = DTYPES[cfg.param_dtype]
         self.tx, self.schedule = make_optimizer(cfg)
         # Jitted functions are shared by trainers with the same static settings (a restarted
         # trainer in the same process does not compile again).
+        self.state_sharding = None  # on a mesh: the training state's NamedShardings (`init_state`)
+        if self.mesh is not None:
+            shapes = jax.eval_shape(lambda: self._fresh_state(0))
+            self.state_sharding = state_shardings(shapes, self.mesh, fsdp=cfg.fsdp)
         step_key = ("step", self.dcfg, optimizer_key(cfg), cfg.ttt_length, cfg.step_decay, cfg.labels,
-                    cfg.dtype, self.impl)
+                    cfg.dtype, self.impl, self.mesh, cfg.fsdp)
         if step_key not in _JIT_CACHE:
             _JIT_CACHE[step_key] = make_train_step(self.dcfg, self.tx, ttt_length=cfg.ttt_length,
                                                    step_decay=cfg.step_decay, labels=cfg.labels,
-                                                   compute_dtype=self.compute_dtype, impl=self.impl)
+                                                   compute_dtype=self.compute_dtype, impl=self.impl,
+                                                   state_sharding=self.state_sharding)
         self.train_step = _JIT_CACHE[step_key]
         feat_key = ("features", target_cfg, self.dcfg.aux_layer_ids, cfg.argmax_mode, self.impl,
-                    cfg.feature_cache)
+                    cfg.feature_cache, self.mesh)
         if feat_key not in _JIT_CACHE:
             _JIT_CACHE[feat_key] = features_lib.make_feature_fn(
                 target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=self.impl,
@@ -174,10 +190,27 @@ class Trainer:
                 self.widened_mlp_from = width
                 params = widen_mlp(params, self.dcfg.intermediate_size, jax.random.fold_in(sub, 1))
         else:
-            params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub,
-                                         dtype=self.param_dtype)
-        return {"step": jnp.zeros((), jnp.int32), "params": params,
-                "opt_state": self.tx.init(params), "key": key}
+            return self._placed(self._fresh_state(self.cfg.seed))  # the same key as `key, sub` above
+        return self._placed({"step": jnp.zeros((), jnp.int32), "params": params,
+                             "opt_state": self.tx.init(params), "key": key})
+
+    def _fresh_state(self, seed) -> dict:
+        """A new drafter's training state (random weights, the target's head and norm)."""
+        key, sub = jax.random.split(jax.random.PRNGKey(seed))
+        params = init_drafter_params(self.dcfg, self.tcfg, self.tparams, self.vocab, sub, dtype=self.param_dtype)
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": self.tx.init(params), "key": key}
+
+    def _placed(self, state: dict) -> dict:
+        """The state laid out as the train step takes it (on a mesh: `self.state_sharding`)."""
+        return state if self.state_sharding is None else jax.device_put(state, self.state_sharding)
+
+    def _rows(self, x) -> jax.Array:
+        """A batch array on the device(s): on a mesh split over the data axis by rows."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return jax.device_put(x, NamedSharding(self.mesh, PartitionSpec("data")))
 
     @property
     def ckpt_dir(self) -> Path:
@@ -201,15 +234,15 @@ class Trainer:
 
     # -------------------------------------------------------------- features
     def batch_features(self, batch) -> dict:
-        tokens = jnp.asarray(batch["input_ids"])
+        tokens = self._rows(batch["input_ids"])
         idx = batch["example_indices"]
         fc = self.feature_cache
         if fc is not None and fc.has_all([i for i in idx if i >= 0]) and fc.num_shards:
             aux, normed, in_vocab = fc.collate(idx, tokens.shape[1], self.dcfg.fc_in_size)
-            aux = jnp.asarray(aux, self.compute_dtype)
-            normed = jnp.asarray(normed, self.compute_dtype)
+            aux = self._rows(aux).astype(self.compute_dtype)
+            normed = self._rows(normed).astype(self.compute_dtype)
             logits = self.logits_fn(self.feature_params, normed=normed, target_ids=self.target_ids)
-            feats = features_lib.Features(aux, logits, jnp.asarray(in_vocab))
+            feats = features_lib.Features(aux, logits, self._rows(in_vocab))
         elif fc is not None:
             feats, normed = self.feature_fn(self.feature_params, tokens, self.target_ids, self.t2d,
                                             self.forward_params)
@@ -220,8 +253,8 @@ class Trainer:
                     fc.add(int(k), aux_h[r, :n], normed_h[r, :n], iv_h[r, :n])
         else:
             feats = self.feature_fn(self.feature_params, tokens, self.target_ids, self.t2d, self.forward_params)
-        return {"input_ids": tokens, "loss_mask": jnp.asarray(batch["loss_mask"]),
-                "lengths": jnp.asarray(batch["lengths"]), "aux": feats.aux.astype(self.compute_dtype),
+        return {"input_ids": tokens, "loss_mask": self._rows(batch["loss_mask"]),
+                "lengths": self._rows(batch["lengths"]), "aux": feats.aux.astype(self.compute_dtype),
                 "target_logits": feats.logits, "in_vocab": feats.in_vocab}
 
     # -------------------------------------------------------------- evaluation
@@ -230,7 +263,7 @@ class Trainer:
             return None
         rec = evaluate_acceptance(self.tcfg, self.tparams, self.tokenizer, self.dcfg, params,
                                   self.vocab, self.eval_prompts, k=self.cfg.eval_k,
-                                  max_new_tokens=self.cfg.eval_max_new_tokens)
+                                  max_new_tokens=self.cfg.eval_max_new_tokens, mesh=self.mesh_shape)
         rec = {"type": "eval", "step": step, **rec}
         self._log(rec)
         try:
@@ -294,11 +327,13 @@ class Trainer:
         compile_s = None
         last = {}
         cursor = start
+        scope = partial(jax.set_mesh, self.mesh) if self.mesh is not None else contextlib.nullcontext
         while step < end:
             batch = next(batches)
             t0 = time.perf_counter()
-            feats = self.batch_features(batch)
-            state, m = self.train_step(state, embed, feats)
+            with scope():  # the Pallas kernels run on each device's block of the mesh
+                feats = self.batch_features(batch)
+                state, m = self.train_step(state, embed, feats)
             m = jax.device_get(m)
             dt = time.perf_counter() - t0
             cursor = batch["index"] + 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tempfile
 
@@ -37,6 +36,7 @@ if join:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec_decode"))
 import spec_helpers as H  # noqa: E402
+from collectives import compiled_collectives  # noqa: E402
 
 from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
 from eagle_jax.convert.drafter_formats import params_from_tensors, tensors_from_params  # noqa: E402
@@ -76,16 +76,6 @@ def tiny_tokenizer() -> Tokenizer:
     tokens = Tokens(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token="t0"))
     tokens.pre_tokenizer, tokens.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
     return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokens))
-
-
-def compiled_collectives(text: str) -> dict:
-    """Result shapes of each kind of collective in compiled HLO text."""
-    out = {}
-    for m in re.finditer(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-gather|all-reduce|reduce-scatter|"
-                         r"collective-permute|all-to-all)(?:-start)?\(", text):
-        shapes = [[int(x) for x in dims.split(",") if x] for dims in re.findall(r"\[([0-9,]*)\]", m.group(1))]
-        out.setdefault(m.group(2), []).extend(s for s in shapes if s not in out.get(m.group(2), []))
-    return out
 
 
 def engine(mesh, method) -> dict:
