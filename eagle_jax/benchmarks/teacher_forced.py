@@ -63,7 +63,7 @@ def heldout_answers(gen, n: int, max_new_tokens: int, max_prompt_tokens: int, he
 def _hit_counts(tparams, dparams, target_ids, t2d, tokens, lengths, mask, *, tcfg, dcfg, steps):
     """[steps, 4] sums over a batch: strict hits, response tokens, in-vocab hits, in-vocab tokens."""
     aux, _, in_vocab = features.target_features(tparams, tcfg, tokens, aux_layers=dcfg.aux_layer_ids,
-                                                target_ids=target_ids, t2d=t2d)
+                                                head=features.draft_head(tparams, tcfg, target_ids), t2d=t2d)
     logits = ttt.unroll(dparams, dcfg, tparams["embed"], aux, tokens, lengths, steps)
     out = []
     for i, lg in enumerate(logits):

@@ -69,12 +69,19 @@ def _nondraft_max(normed, w, t2d, chunk: int):
     return jnp.max(jax.lax.map(one, (wp, excl)), axis=0)
 
 
+def draft_head(tparams, tcfg: TargetConfig, target_ids) -> jax.Array:
+    """The target's lm_head columns of the draft vocabulary, [H, Vd] (target_ids [Vd] int32:
+    draft id -> target id). Taken once per run: on a mesh whose model axis splits the
+    vocabulary, taking them is a gather of the whole head."""
+    return jnp.take(target.Target(tcfg, tparams).lm_head_weight(), target_ids, axis=1)
+
+
 def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[int, ...],
-                    target_ids, t2d, argmax_mode: str = "chunked", vocab_chunk: int = 8192,
+                    head, t2d, argmax_mode: str = "chunked", vocab_chunk: int = 8192,
                     impl: str = "auto", forward_params=None):
     """Target pass over tokens [B, T] -> (aux, normed final hidden [B, T, H], in_vocab [B, T]).
 
-    target_ids [Vd] int32 (draft id -> target id), t2d [V] bool.
+    head [H, Vd]: `draft_head`; t2d [V] bool.
     forward_params: the same target prepared for the native kernels
     (`target.prepare_for_decoding`), for the decoder layers; the head's
     columns are picked from `tparams`.
@@ -93,8 +100,7 @@ def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[in
     if argmax_mode == "skip":
         in_vocab = jnp.ones((b, t), bool)
     else:
-        wd = jnp.take(w, target_ids, axis=1)
-        dmax = jnp.max(jnp.dot(normed, wd.astype(normed.dtype), preferred_element_type=jnp.float32), -1)
+        dmax = jnp.max(draft_vocab_logits(normed, head), -1)
         if argmax_mode == "full":
             full = jnp.dot(normed, w.astype(normed.dtype), preferred_element_type=jnp.float32)
             other = jnp.max(jnp.where(t2d, -jnp.inf, full), axis=-1)
@@ -106,24 +112,24 @@ def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[in
     return aux, normed, in_vocab
 
 
-def draft_vocab_logits(tparams, tcfg: TargetConfig, normed, target_ids):
-    """normed final hidden [..., H] -> float32 target logits over the draft vocab [..., Vd]."""
-    wd = jnp.take(target.Target(tcfg, tparams).lm_head_weight(), target_ids, axis=1)
-    return jnp.dot(normed, wd.astype(normed.dtype), preferred_element_type=jnp.float32)
+def draft_vocab_logits(normed, head):
+    """normed final hidden [..., H] -> float32 target logits over the draft vocab [..., Vd]
+    (head [H, Vd]: `draft_head`)."""
+    return jnp.dot(normed, head.astype(normed.dtype), preferred_element_type=jnp.float32)
 
 
 def make_feature_fn(tcfg: TargetConfig, aux_layers: Sequence[int], *, argmax_mode: str = "chunked",
                     vocab_chunk: int = 8192, impl: str = "auto", return_normed: bool = False):
-    """A jitted ``fn(tparams, tokens, target_ids, t2d, forward_params=None) -> Features``
+    """A jitted ``fn(tparams, tokens, head, t2d, forward_params=None) -> Features`` (head: `draft_head`)
     (or ``(Features, normed)`` with ``return_normed``, for the disk cache)."""
     aux_layers = tuple(int(i) for i in aux_layers)
 
     @jax.jit
-    def fn(tparams, tokens, target_ids, t2d, forward_params=None):
+    def fn(tparams, tokens, head, t2d, forward_params=None):
         aux, normed, in_vocab = target_features(
-            tparams, tcfg, tokens, aux_layers=aux_layers, target_ids=target_ids, t2d=t2d,
+            tparams, tcfg, tokens, aux_layers=aux_layers, head=head, t2d=t2d,
             argmax_mode=argmax_mode, vocab_chunk=vocab_chunk, impl=impl, forward_params=forward_params)
-        feats = Features(aux, draft_vocab_logits(tparams, tcfg, normed, target_ids), in_vocab)
+        feats = Features(aux, draft_vocab_logits(normed, head), in_vocab)
         return (feats, normed) if return_normed else feats
 
     return fn

@@ -35,6 +35,7 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
 from eagle_jax.kernels import ops
@@ -158,8 +159,13 @@ class Trainer:
                 target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=self.impl,
                 return_normed=cfg.feature_cache)
         self.feature_fn = _JIT_CACHE[feat_key]
-        self.logits_fn = jax.jit(partial(features_lib.draft_vocab_logits, tcfg=target_cfg))
-        self.target_ids = jnp.asarray(vocab.target_ids, jnp.int32)
+        self.logits_fn = jax.jit(features_lib.draft_vocab_logits)
+        # the head's draft-vocabulary columns, taken once (on a mesh: split over the model axis)
+        self.draft_head = features_lib.draft_head(self.feature_params, target_cfg,
+                                                  jnp.asarray(vocab.target_ids, jnp.int32))
+        if self.mesh is not None:
+            self.draft_head = jax.device_put(self.draft_head, NamedSharding(self.mesh, PartitionSpec(
+                None, "model" if self.draft_head.shape[1] % self.mesh.shape["model"] == 0 else None)))
         self.t2d = jnp.asarray(vocab.t2d, bool)
         self.feature_cache = None
         if cfg.feature_cache:
@@ -208,8 +214,6 @@ class Trainer:
         """A batch array on the device(s): on a mesh split over the data axis by rows."""
         if self.mesh is None:
             return jnp.asarray(x)
-        from jax.sharding import NamedSharding, PartitionSpec
-
         return jax.device_put(x, NamedSharding(self.mesh, PartitionSpec("data")))
 
     @property
@@ -241,10 +245,10 @@ class Trainer:
             aux, normed, in_vocab = fc.collate(idx, tokens.shape[1], self.dcfg.fc_in_size)
             aux = self._rows(aux).astype(self.compute_dtype)
             normed = self._rows(normed).astype(self.compute_dtype)
-            logits = self.logits_fn(self.feature_params, normed=normed, target_ids=self.target_ids)
+            logits = self.logits_fn(normed, self.draft_head)
             feats = features_lib.Features(aux, logits, self._rows(in_vocab))
         elif fc is not None:
-            feats, normed = self.feature_fn(self.feature_params, tokens, self.target_ids, self.t2d,
+            feats, normed = self.feature_fn(self.feature_params, tokens, self.draft_head, self.t2d,
                                             self.forward_params)
             aux_h, normed_h, iv_h = np.asarray(feats.aux), np.asarray(normed), np.asarray(feats.in_vocab)
             for r, k in enumerate(idx):
@@ -252,7 +256,7 @@ class Trainer:
                     n = int(batch["lengths"][r])
                     fc.add(int(k), aux_h[r, :n], normed_h[r, :n], iv_h[r, :n])
         else:
-            feats = self.feature_fn(self.feature_params, tokens, self.target_ids, self.t2d, self.forward_params)
+            feats = self.feature_fn(self.feature_params, tokens, self.draft_head, self.t2d, self.forward_params)
         return {"input_ids": tokens, "loss_mask": self._rows(batch["loss_mask"]),
                 "lengths": self._rows(batch["lengths"]), "aux": feats.aux.astype(self.compute_dtype),
                 "target_logits": feats.logits, "in_vocab": feats.in_vocab}

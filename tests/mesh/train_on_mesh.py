@@ -68,7 +68,7 @@ def run(name, mesh, steps=STEPS, resume=False, stop_after=None):
         batch = next(iter_batches(train, 8, 64, seed=0))
         with jax.set_mesh(tr.mesh):
             feats = tr.batch_features(batch)
-            for program, args in ((tr.feature_fn, (tr.feature_params, feats["input_ids"], tr.target_ids, tr.t2d,
+            for program, args in ((tr.feature_fn, (tr.feature_params, feats["input_ids"], tr.draft_head, tr.t2d,
                                                    tr.forward_params)),
                                   (tr.train_step, (tr.state, tr.tparams["embed"], feats))):
                 for kind, shapes in compiled_collectives(program.lower(*args).compile().as_text()).items():

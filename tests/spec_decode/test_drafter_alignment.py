@@ -53,7 +53,8 @@ def test_engine_acceptance_equals_teacher_forced_simulation(variant, k):
         seq = p + g
         tokens = jnp.asarray([seq], jnp.int32)
         aux, _, _ = features.target_features(tparams, tcfg, tokens, aux_layers=dcfg.aux_layer_ids,
-                                             target_ids=target_ids, t2d=vocab.t2d, argmax_mode="skip")
+                                             head=features.draft_head(tparams, tcfg, target_ids), t2d=vocab.t2d,
+                                             argmax_mode="skip")
         logits = ttt.unroll(dparams, dcfg, tparams["embed"], aux, tokens,
                             jnp.asarray([len(seq)], jnp.int32), k)
         preds = [np.asarray(target_ids[jnp.argmax(lg[0], -1)]) for lg in logits]

@@ -103,7 +103,7 @@ def test_features_match_full_logits(setup):
     tparams, train, vocab = setup
     fn = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="chunked", vocab_chunk=48)  # 256 = 5*48+16
     tokens = jnp.asarray(np.stack([train[i]["input_ids"][:32] for i in range(3)]))
-    feats = fn(tparams, tokens, vocab.target_ids, vocab.t2d)
+    feats = fn(tparams, tokens, F.draft_head(tparams, TCFG, vocab.target_ids), vocab.t2d)
     pos = jnp.broadcast_to(jnp.arange(32), tokens.shape)
     model = target.Target(TCFG, tparams)
     hidden, _, aux = model(tokens, pos, target.create_cache(TCFG, 3, 32),
@@ -117,9 +117,10 @@ def test_features_match_full_logits(setup):
     # a vocab that misses the greedy tokens: the flag must turn off there
     ids = np.setdiff1d(np.arange(256), np.asarray(jnp.argmax(full, -1))[0, :8])[:100]
     v2 = drafter.DraftVocab.from_target_ids(ids, 256)
-    f2 = fn(tparams, tokens, v2.target_ids, v2.t2d)
+    f2 = fn(tparams, tokens, F.draft_head(tparams, TCFG, v2.target_ids), v2.t2d)
     assert not np.asarray(f2.in_vocab)[0, :8].any()
-    full_mode = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="full")(tparams, tokens, v2.target_ids, v2.t2d)
+    full_mode = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="full")(tparams, tokens, F.draft_head(tparams, TCFG, v2.target_ids),
+                                                                          v2.t2d)
     np.testing.assert_array_equal(np.asarray(full_mode.in_vocab), np.asarray(f2.in_vocab))
 
 
@@ -510,11 +511,11 @@ def test_feature_pass_on_packed_weights_matches_the_xla_pass(setup, tmp_path):
     tr = Trainer(small_cfg(tmp_path, steps=2), TCFG, tparams, train, vocab)
     batch = next(iter_batches(train, 4, 64))
     got = tr.batch_features(batch)
-    compiled = tr.feature_fn.lower(tr.feature_params, jnp.asarray(batch["input_ids"]), tr.target_ids, tr.t2d,
+    compiled = tr.feature_fn.lower(tr.feature_params, jnp.asarray(batch["input_ids"]), tr.draft_head, tr.t2d,
                                    tr.forward_params).compile().as_text()
     assert 'custom_call_target="eagle_matmul"' in compiled
     want = F.make_feature_fn(TCFG, (1, 2, 3), impl="xla")(tparams, jnp.asarray(batch["input_ids"]),
-                                                          vocab.target_ids, vocab.t2d)
+                                                          F.draft_head(tparams, TCFG, vocab.target_ids), vocab.t2d)
     np.testing.assert_allclose(np.asarray(got["aux"]), np.asarray(want.aux), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(got["target_logits"]), np.asarray(want.logits), rtol=1e-4, atol=1e-4)
     assert np.mean(np.asarray(got["in_vocab"]) == np.asarray(want.in_vocab)) >= 0.99
@@ -569,8 +570,8 @@ def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
     got = tr.batch_features(batch)
     bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tparams)
     packed = target.prepare_for_decoding(bf16, TCFG) if resolve_impl("auto") == "native" else None
-    want = F.make_feature_fn(TCFG, (1, 2, 3))(bf16, jnp.asarray(batch["input_ids"]), vocab.target_ids, vocab.t2d,
-                                              packed)
+    want = F.make_feature_fn(TCFG, (1, 2, 3))(bf16, jnp.asarray(batch["input_ids"]),
+                                              F.draft_head(bf16, TCFG, vocab.target_ids), vocab.t2d, packed)
     assert got["aux"].dtype == jnp.float32 and want.aux.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got["aux"]), np.asarray(want.aux.astype(jnp.float32)))
     np.testing.assert_array_equal(np.asarray(got["target_logits"]), np.asarray(want.logits))
