@@ -151,9 +151,12 @@ class _Api:
         if kind == "chat":
             if tok is None or not tok.chat_template:
                 raise ApiError(400, "this model has no chat template: use /v1/completions")
-            messages = P.messages_of(req.messages)
+            tools = "tool_calls" in tok.chat_template  # the template renders tool calls
+            if req.tools is not None and not tools:
+                raise ApiError(400, P.NO_TOOLS, param="tools")
+            messages = P.messages_of(req.messages, tools)
             try:
-                text = tok.render_chat(messages)
+                text = tok.render_chat(messages, **({"tools": req.tools} if req.tools is not None else {}))
             except Exception as e:  # noqa: BLE001 - the template refused these messages (jinja raise_exception)
                 raise ApiError(400, f"the chat template refused the messages: {e}", param="messages") from None
             prompts = [tok.encode(text, add_special_tokens=False)]

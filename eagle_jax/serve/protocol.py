@@ -1,7 +1,7 @@
 """OpenAI request bodies: parsed, checked and refused with OpenAI-style errors.
 
 Scalar fields are checked by pydantic models (strict types, finite numbers,
-unknown fields refused); the fields that take several shapes (`prompt`,
+unknown fields refused, a field sent as null takes its default); the fields that take several shapes (`prompt`,
 message `content`, `stop`) and the refusals (`n` > 1, `logprobs`, penalties)
 are checked here by hand, so every message names the field in plain words.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 __all__ = ["ApiError", "parse_json", "CompletionBody", "ChatBody", "validated", "prompts_of", "messages_of",
-           "stops_of", "MAX_DEPTH"]
+           "stops_of", "MAX_DEPTH", "NO_TOOLS"]
 
 MAX_DEPTH = 32  # deepest JSON nesting accepted (a chat body needs 5)
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
@@ -81,6 +81,12 @@ def _check_tree(value: Any) -> None:
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """A field sent as JSON null takes its default, as in the OpenAI API."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -115,10 +121,13 @@ class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Any = None
     name: str | None = None
+    tool_calls: list[dict] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
 
 
 class ChatBody(_Common):
     messages: list[Message] = Field(min_length=1)
+    tools: list[dict] | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -175,10 +184,22 @@ def prompts_of(prompt: Any) -> list[str | list[int]]:
     return prompt
 
 
-def messages_of(messages: list[Message]) -> list[dict]:
-    """Messages as {role, content} with string content (text parts joined by newlines)."""
+NO_TOOLS = "tools are not supported: this model's chat template does not render tool calls"
+
+
+def messages_of(messages: list[Message], tools: bool = False) -> list[dict]:
+    """Messages as {role, content} with string content (text parts joined by newlines), and
+    the assistant's `tool_calls` and a tool's `tool_call_id` where the template renders `tools`."""
     out = []
     for i, m in enumerate(messages):
+        for field, role in (("tool_calls", "assistant"), ("tool_call_id", "tool")):
+            if getattr(m, field) is None:
+                continue
+            if not tools:
+                raise ApiError(400, f"messages[{i}].{field}: {NO_TOOLS}", param=f"messages.{i}.{field}")
+            if m.role != role:
+                raise ApiError(400, f"messages[{i}].{field}: only {role} messages carry {field}",
+                               param=f"messages.{i}.{field}")
         c = m.content
         if isinstance(c, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -191,7 +212,8 @@ def messages_of(messages: list[Message]) -> list[dict]:
         elif not isinstance(c, str):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
                            param=f"messages.{i}.content")
-        out.append({"role": m.role, "content": c})
+        extra = {k: v for k, v in (("tool_calls", m.tool_calls), ("tool_call_id", m.tool_call_id)) if v is not None}
+        out.append({"role": m.role, "content": c, **extra})
     return out
 
 

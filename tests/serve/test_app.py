@@ -107,6 +107,66 @@ def test_list_content_is_the_joined_text(served, client):
     assert out.choices[0].message.content == joined.choices[0].message.content
 
 
+def test_null_fields_take_their_defaults(served, client):
+    """JSON null for an optional field means its default, as in the OpenAI API."""
+    _, url = served
+    common = {k: None for k in ("model", "temperature", "top_p", "top_k", "n", "seed", "stop", "stream",
+                                "stream_options", "user", "frequency_penalty", "presence_penalty", "logit_bias",
+                                "logprobs")}
+    chat = [{"role": "user", "content": CHAT[0]["content"], "name": None}]
+    status, text, _ = _post(url + "/v1/chat/completions", {
+        "messages": chat, "max_tokens": 6, "max_completion_tokens": None, "top_logprobs": None, **common})
+    assert status == 200, text
+    plain = _ask(client, CHAT[0]["content"], max_tokens=6).choices[0].message.content
+    assert json.loads(text)["choices"][0]["message"]["content"] == plain
+    nulled = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=None, top_p=None,
+                                            n=None, seed=None, stop=None)
+    assert nulled.choices[0].message.content == plain
+    prompt = "The capital of France is"
+    status, text, _ = _post(url + "/v1/completions", {"prompt": prompt, "max_tokens": 6, "echo": None,
+                                                      "suffix": None, "best_of": None, **common})
+    assert status == 200, text
+    assert json.loads(text)["choices"][0]["text"] == client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6).choices[0].text
+
+
+TOOL_TURNS = [{"role": "user", "content": "What is 6 * 7?"},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": "[6, 7]"}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+TOOLS = [{"type": "function", "function": {"name": "multiply", "parameters": {"type": "object"}}}]
+
+
+def test_tool_calls_are_refused_where_the_template_cannot_render_them(served, client):
+    """SmolLM2's template ignores tool calls: they are refused, not silently dropped."""
+    _, url = served
+    for body, param in [({"messages": TOOL_TURNS[:2]}, "messages.1.tool_calls"),
+                        ({"messages": [TOOL_TURNS[0], TOOL_TURNS[2]]}, "messages.1.tool_call_id"),
+                        ({"messages": CHAT, "tools": TOOLS}, "tools")]:
+        status, text, _ = _post(url + "/v1/chat/completions", {**body, "max_tokens": 4})
+        err = json.loads(text)["error"]
+        assert status == 400 and err["param"] == param and "tools are not supported" in err["message"], text
+    with pytest.raises(openai.BadRequestError, match="tools are not supported"):
+        client.chat.completions.create(model=MODEL, messages=TOOL_TURNS, max_tokens=4)
+
+
+def test_tool_calls_reach_a_template_that_renders_them(served, client, monkeypatch):
+    gen, _ = served
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+                "{% for c in m.tool_calls or [] %}<call id={{ c.id }}>{{ c.function.name }}{{ c.function.arguments }}"
+                "</call>{% endfor %}{% if m.tool_call_id %} (for {{ m.tool_call_id }}){% endif %}<|im_end|>\n"
+                "{% endfor %}{% for t in tools or [] %}tool: {{ t.function.name }}\n{% endfor %}"
+                "<|im_start|>assistant\n")
+    monkeypatch.setattr(gen.tokenizer.hf, "chat_template", template)
+    out = client.chat.completions.create(model=MODEL, messages=TOOL_TURNS, tools=TOOLS, max_tokens=6)
+    rendered = gen.tokenizer.render_chat([{**m, "content": m["content"] or ""} for m in TOOL_TURNS], tools=TOOLS)
+    assert "<call id=call_1>multiply[6, 7]</call>" in rendered and "(for call_1)" in rendered
+    assert "tool: multiply" in rendered
+    ids = gen.tokenizer.encode(rendered, add_special_tokens=False)
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.choices[0].message.content == gen.generate([ids], max_new_tokens=6, chat=False).texts[0]
+
+
 def test_completions_prompts_and_stop(served, client):
     gen, _ = served
     prompts = ["The capital of France is", "1, 2, 3, 4,"]
