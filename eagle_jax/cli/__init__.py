@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 
@@ -43,19 +44,34 @@ def _add_generate(sub):
 
 
 def _read_prompts(path: str) -> list[str]:
+    """The prompts of a JSONL file; a bad line is an error naming the file and the line."""
+    if os.path.isdir(path):
+        raise ValueError(f"--prompts-file {path} is a directory, not a JSONL file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read --prompts-file {path}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text") from None
     prompts = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
             item = json.loads(line)
-            if isinstance(item, dict):
-                if "prompt" not in item:
-                    raise ValueError(f"{path}:{n}: object has no 'prompt' key")
-                item = item["prompt"]
-            if not isinstance(item, str):
-                raise ValueError(f"{path}:{n}: expected a string prompt")
-            prompts.append(item)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON value ({e.msg}, column {e.colno})") from None
+        if isinstance(item, dict):
+            if "prompt" not in item:
+                raise ValueError(f"{path}:{n}: object has no 'prompt' key")
+            item = item["prompt"]
+        if not isinstance(item, str):
+            raise ValueError(f"{path}:{n}: expected a string prompt")
+        prompts.append(item)
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts

@@ -67,7 +67,7 @@ __all__ = ["add_arguments", "main"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = Limits()
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="0: any free port (the start-up line names it)")
     p.add_argument("--max-batch", type=int, default=8,
                    help="rows: most requests decoded together (continuous batching, eagle_jax/engine/)")
     p.add_argument("--max-len", type=int, default=1024,
@@ -94,7 +94,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
 
 
+def _port(s: str) -> int:
+    """A TCP port, 0..65535 (0: any free one)."""
+    if not (s.isascii() and s.isdigit()) or int(s) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {s!r}")
+    return int(s)
+
+
 def main(args) -> int:
+    if args.api_key is not None and (not args.api_key or args.api_key != args.api_key.strip()):
+        print("eagle-jax serve: error: the API key (--api-key or $EAGLE_JAX_API_KEY) is empty or begins or ends "
+              "with whitespace: no client could send it; unset it to serve without a key", flush=True)
+        return 1
     data = parse_mesh(args.mesh).data if args.mesh else 1
     if args.max_batch < 1 or args.max_batch % data:
         print(f"eagle-jax serve: error: --max-batch must be a positive multiple of the mesh's data axis ({data}): "

@@ -141,6 +141,24 @@ def test_bad_prompts_file(tmp_path, capsys, content, match):
     assert match in _error_line(capsys)
 
 
+@pytest.mark.parametrize("content, match", [
+    ('"one"\n{"prompt": "two"\n', ":2: not a JSON value (Expecting ',' delimiter, column 17)"),
+    ('"one"\n\n"two"\n"three\n', ":4: not a JSON value (Unterminated string"),
+    ('"one"\n' + '"caf\xe9"\n', ":2: not UTF-8 text"),
+])
+def test_a_bad_prompts_line_names_the_file_and_line(tmp_path, capsys, content, match):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(content.encode("latin-1"))
+    assert main(["generate", "--prompts-file", str(path), "--draft", "none"]) == 2
+    line = _error_line(capsys)
+    assert f"{path}{match}" in line, line
+
+
+def test_a_prompts_file_that_is_a_directory(tmp_path, capsys):
+    assert main(["generate", "--prompts-file", str(tmp_path), "--draft", "none"]) == 2
+    assert f"--prompts-file {tmp_path} is a directory" in _error_line(capsys)
+
+
 def test_missing_prompts_file(tmp_path, capsys):
     assert main(["generate", "--prompts-file", str(tmp_path / "absent.jsonl"), "--draft", "none"]) == 2
     assert "absent.jsonl" in _error_line(capsys)

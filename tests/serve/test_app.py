@@ -441,6 +441,29 @@ def test_a_batch_the_mesh_does_not_divide_is_one_line(capsys):
     assert len(lines) == 1 and "--max-batch must be a positive multiple of the mesh's data axis (2)" in lines[0]
 
 
+@pytest.mark.parametrize("argv, env", [(["--api-key", ""], None), (["--api-key", "key "], None), ([], "")])
+def test_an_empty_api_key_is_refused_at_start_up(capsys, monkeypatch, argv, env):
+    from eagle_jax.cli import main
+
+    if env is not None:
+        monkeypatch.setenv("EAGLE_JAX_API_KEY", env)
+    assert main(["serve", "--port", "0", *argv]) == 1  # before the model is loaded
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert len(lines) == 1 and "the API key (--api-key or $EAGLE_JAX_API_KEY) is empty" in lines[0], lines
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_bad_port_is_an_argument_error(capsys, port):
+    from eagle_jax.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--port", port])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument --port: expected a port in 0..65535, got '{port}'" in err, err
+
+
 # ---------------------------------------------------------------------------- load
 
 
