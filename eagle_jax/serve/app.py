@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from eagle_jax.engine import Delta, Done, Engine, EngineError, Sampling
@@ -89,7 +90,7 @@ def create_app(engine, *, model_name: str, limits: Limits = Limits(), api_key: s
 
 
 def _error(e: ApiError) -> JSONResponse:
-    headers = {"connection": "close"} if e.status in (408, 413) else None  # the body may still be coming
+    headers = {"connection": "close"} if e.status in (408, 413, 415) else None  # the body may still be coming
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -116,7 +117,13 @@ class _Api:
                            param="model", code="model_not_found")
 
     async def handle(self, request: Request, kind: str):
-        body = P.parse_json(await _read_body(request, self.limits))
+        _check_json(request)
+        try:
+            raw = await _read_body(request, self.limits)
+        except ClientDisconnect:
+            log.warning("client disconnected before its request body arrived")
+            return Response(status_code=499)
+        body = P.parse_json(raw)
         req = P.validated(P.ChatBody if kind == "chat" else P.CompletionBody, body)
         self.check_model(req.model)
         sampling = self._sampling(req)
@@ -178,6 +185,15 @@ class _Api:
             except ValueError as e:
                 raise ApiError(400, str(e), param="messages" if kind == "chat" else "prompt") from None
         return prompts
+
+
+def _check_json(request: Request) -> None:
+    """Refuse (415) a body not declared JSON: a web page's simple cross-origin request
+    (a form, text/plain) then cannot drive this server."""
+    given = request.headers.get("content-type")
+    if given is None or given.split(";", 1)[0].strip().lower() != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json (got {given!r})",
+                       code="unsupported_media_type")
 
 
 async def _read_body(request: Request, limits: Limits) -> bytes:
@@ -356,7 +372,17 @@ def _eagle(outs: list[tuple[str, Done]]) -> dict:
 
 
 class _JsonErrorsH11(H11Protocol):
-    """uvicorn's h11 protocol, answering a request it cannot parse with a JSON 400."""
+    """uvicorn's h11 protocol, answering a request it cannot parse with a JSON 400, and
+    answering a client that half-closes after a whole request."""
+
+    def eof_received(self) -> bool | None:
+        """Keep the connection open to answer a whole request whose client shut its sending
+        side (then close it); end of input anywhere else is a disconnect."""
+        whole = self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)  # the request has arrived
+        if self.cycle is not None and not self.cycle.response_complete and whole:
+            self.cycle.keep_alive = False
+            return True
+        return None
 
     def send_400_response(self, msg: str) -> None:
         body = ApiError(400, f"malformed HTTP request: {msg}").body()

@@ -385,8 +385,7 @@ def test_bad_content_length_gets_a_json_400(served):
 
 def test_a_body_that_never_arrives_times_out(served):
     _, url = served
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
-    status, err, seconds = _raw_exchange(url, head, b'{"prompt": ')
+    status, err, seconds = _raw_exchange(url, _head("/v1/completions", b"x" * 100), b'{"prompt": ')
     assert status == 408 and "did not arrive within 2 s" in err["message"]
     assert seconds < 10
 
@@ -394,16 +393,88 @@ def test_a_body_that_never_arrives_times_out(served):
 def test_a_5mb_body_is_refused_before_it_is_read(served):
     _, url = served
     body = b'{"prompt": "' + b"word " * 1_000_000 + b'"}'
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    head = _head("/v1/completions", body)
     # Only the start is sent: unread bytes at the server's close would reset the connection.
     status, err, seconds = _raw_exchange(url, head, body[:1024])
     assert status == 413 and "at most 1048576" in err["message"]
     assert seconds < 2  # not tokenized (that takes ~10 s)
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" \
+        b"Transfer-Encoding: chunked\r\n\r\n"
     step = 65536
     chunks = b"".join(b"%x\r\n%s\r\n" % (step, body[i:i + step]) for i in range(0, (1 << 20) + step, step))
     status, err, _ = _raw_exchange(url, head, chunks)  # no length given: refused once past the limit
     assert status == 413 and "over 1048576 bytes" in err["message"]
+
+
+def _head(path: str, body: bytes, content_type: str | None = "application/json") -> bytes:
+    ctype = b"" if content_type is None else b"Content-Type: %s\r\n" % content_type.encode()
+    return b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n" % (path.encode(), ctype, len(body))
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x"])
+def test_a_body_not_declared_json_gets_415(served, content_type):
+    """A web page's simple cross-origin POST (no preflight) cannot reach the engine."""
+    _, url = served
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    status, err, _ = _raw_exchange(url, _head("/v1/completions", body, content_type), body)
+    assert status == 415 and err["code"] == "unsupported_media_type", err
+    assert "Content-Type must be application/json" in err["message"]
+
+
+def test_json_with_a_charset_is_json(served, client):
+    _, url = served
+    body = json.dumps({"prompt": "The capital of France is", "max_tokens": 4}).encode()
+    reply = _exchange_to_eof(url, _head("/v1/completions", body, "Application/JSON; charset=utf-8") + body)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    text = json.loads(reply.split(b"\r\n\r\n", 1)[1])["choices"][0]["text"]
+    assert text == client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4) \
+        .choices[0].text  # the openai client sends application/json
+
+
+def _exchange_to_eof(url: str, data: bytes, half_close: bool = False) -> bytes:
+    """Send bytes with `Connection: close` semantics read to the end (shutting the sending side first
+    when `half_close`); everything the server sent."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=300) as s:
+        s.sendall(data.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n", 1))
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    return reply
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_half_closed_client_gets_its_answer(served, client, stream):
+    _, url = served
+    body = json.dumps({"messages": CHAT, "max_tokens": 6, "stream": stream}).encode()
+    reply = _exchange_to_eof(url, _head("/v1/chat/completions", body) + body, half_close=True)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    expected = _ask(client, CHAT[0]["content"], max_tokens=6).choices[0].message.content
+    if stream:
+        events = [json.loads(line[6:]) for line in reply.decode().splitlines()
+                  if line.startswith("data: {")]
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == expected
+        assert b"data: [DONE]" in reply
+    else:
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["choices"][0]["message"]["content"] == expected
+
+
+def test_a_client_gone_mid_body_is_one_log_line(served, caplog):
+    _, url = served
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(_head("/v1/completions", b"x" * 100) + b'{"prompt": ')
+    deadline = time.monotonic() + 30
+    while "before its request body arrived" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.05)
+    gone = [r for r in caplog.records if "before its request body arrived" in r.getMessage()]
+    assert len(gone) == 1 and gone[0].exc_info is None
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text  # no traceback
+    assert _get(url + "/health")[0] == 200
 
 
 def test_api_key(gen):
