@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import random
+import signal
 import socket
 import threading
 import time
@@ -86,6 +87,7 @@ def create_app(engine, *, model_name: str, limits: Limits = Limits(), api_key: s
         return await api.handle(request, "chat")
 
     app.include_router(v1)
+    app.state.drain = api.drain
     return app
 
 
@@ -110,6 +112,29 @@ class _Api:
 
     def __init__(self, engine, model_name: str, limits: Limits, metrics: Metrics):
         self.engine, self.model, self.limits, self.metrics = engine, model_name, limits, metrics
+        self.live: set = set()  # the engine requests submitted (pruned of the finished at each submit)
+        self.stopping = False
+
+    async def drain(self, timeout_s: float, give_up) -> None:
+        """Take no more requests; wait up to `timeout_s` (or until `give_up()`) for those in
+        flight, then end the rest: a stream with a final chunk ("abort") and [DONE], an
+        answer with a 503."""
+        self.stopping = True
+        deadline = time.monotonic() + timeout_s
+        if self._running():
+            log.warning("shutting down: waiting up to %g s for %d requests", timeout_s, len(self._running()))
+        while self._running() and time.monotonic() < deadline and not give_up():
+            await asyncio.sleep(0.05)
+        left = self._running()
+        for r in left:
+            r.cancel()
+        if left:
+            log.warning("shutting down: %d requests ended unfinished (--shutdown-timeout)", len(left))
+        while self._running() and not give_up():
+            await asyncio.sleep(0.05)
+
+    def _running(self) -> list:
+        return [r for r in self.live if not r.finished]
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model:
@@ -131,16 +156,22 @@ class _Api:
         if req.stream and len(prompts) != 1:
             raise ApiError(400, "stream takes a single prompt", param="prompt")
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if self.stopping:
+            raise ApiError(503, "the server is shutting down: it takes no more requests")
         try:
             reqs = [self.engine.submit(ids, Sampling(**{**sampling, "seed_stream": i}))
                     for i, ids in enumerate(prompts)]
         except EngineError as e:  # e.g. shutting down
             raise ApiError(503, str(e)) from None
+        self.live = set(self._running()) | set(reqs)
         reply = _Reply(rid, kind, self.model, self.metrics)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _EventStream(reply.events(reqs[0], include_usage), reqs[0], reply)
-        return await reply.whole(reqs, request)
+        answer = await reply.whole(reqs, request)
+        if self.stopping and any(r.cancelled for r in reqs):
+            raise ApiError(503, "the server shut down before this request finished (--shutdown-timeout)")
+        return answer
 
     def _sampling(self, req) -> dict:
         m = getattr(req, "max_completion_tokens", None) or req.max_tokens or self.limits.default_max_tokens
@@ -395,16 +426,41 @@ class _JsonErrorsH11(H11Protocol):
         self.transport.close()
 
 
+class _Draining(uvicorn.Server):
+    """uvicorn, which on SIGTERM or SIGINT (or `should_exit`) stops accepting connections
+    and drains the app's requests (`app.state.drain`) before it closes the connections;
+    a drained SIGTERM is a clean exit, not re-raised."""
+
+    def __init__(self, config: uvicorn.Config, shutdown_timeout_s: float):
+        super().__init__(config)
+        self.shutdown_timeout_s = shutdown_timeout_s
+
+    def handle_exit(self, sig: int, frame) -> None:
+        super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:
+            self._captured_signals.remove(sig)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        await self.config.app.state.drain(self.shutdown_timeout_s, lambda: self.force_exit)
+        await super().shutdown(sockets)
+
+
 class Server:
     """A bound server: `serve_forever()` on some thread, `shutdown()` from another,
-    then `server_close()` (the socket and the engine)."""
+    then `server_close()` (the socket and the engine). Either way of stopping drains the
+    requests in flight for up to `shutdown_timeout_s`."""
 
-    def __init__(self, app, sock: socket.socket, engine):
+    def __init__(self, app, sock: socket.socket, engine, shutdown_timeout_s: float = 30.0):
         self.sock, self.engine = sock, engine
         self.server_address = sock.getsockname()[:2]
+        self.shutdown_timeout_s = shutdown_timeout_s
         config = uvicorn.Config(app, http=_JsonErrorsH11, lifespan="off", log_config=None, access_log=False,
-                                timeout_graceful_shutdown=2, timeout_keep_alive=5)
-        self._uvicorn = uvicorn.Server(config)
+                                timeout_graceful_shutdown=10, timeout_keep_alive=5)
+        self._uvicorn = _Draining(config, shutdown_timeout_s)
         self._stopped = threading.Event()
 
     def serve_forever(self) -> None:
@@ -415,7 +471,7 @@ class Server:
 
     def shutdown(self) -> None:
         self._uvicorn.should_exit = True
-        self._stopped.wait(30)
+        self._stopped.wait(self.shutdown_timeout_s + 30)
 
     def server_close(self) -> None:
         self.engine.close()
@@ -425,13 +481,14 @@ class Server:
 def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str = "eagle-jax",
                 draft_name: str = "none", max_batch: int = 8, max_len: int = 1024, prefill_chunk: int = 64,
                 prefill_budget: int = 256, adaptive: bool = True, limits: Limits = Limits(),
-                api_key: str | None = None, sock: socket.socket | None = None) -> Server:
+                api_key: str | None = None, sock: socket.socket | None = None,
+                shutdown_timeout_s: float = 30.0) -> Server:
     """A server (not yet started: call serve_forever) around `generator`, on `sock` or host:port:
     the engine with `max_batch` rows (max_len, prefill_chunk, prefill_budget, adaptive), which
-    compiles its programs before this returns."""
+    compiles its programs before this returns; stopping, it drains for `shutdown_timeout_s`."""
     backend = Engine(generator, max_rows=max_batch, max_len=max_len, draft_name=draft_name,
                      prefill_chunk=prefill_chunk, prefill_budget=prefill_budget, adaptive=adaptive)
     app = create_app(backend, model_name=model_name, limits=limits, api_key=api_key)
-    return Server(app, sock if sock is not None else bind(host, port), backend)
+    return Server(app, sock if sock is not None else bind(host, port), backend, shutdown_timeout_s)
 
 

@@ -4,7 +4,7 @@
     curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 
 Endpoints:
-  GET  /health                  {"status": "ok", "model", "draft", "method", ...}
+  GET  /health                  {"status": "ok", "model", "draft", "method", ...}  (names, never paths)
   GET  /v1/models, /v1/models/{id}   the one model (any other id: 404)
   POST /v1/completions          {"prompt": str | [str] | [ids] | [[ids]], ...}  raw text, no chat template
   POST /v1/chat/completions     {"messages": [{role, content: str | [text parts]}], ...}  chat template
@@ -28,8 +28,13 @@ does not arrive within --body-timeout-s; 413 for a body over --max-body-bytes,
 refused from its Content-Length before it is read; a malformed request line or
 header (e.g. `Content-Length: abc`) gets a JSON 400 from the HTTP parser itself.
 (Headers that never complete are not timed out: uvicorn has no such timer.)
+415 for a POST whose Content-Type is not application/json (a web page's simple
+cross-origin request cannot drive the server). A field sent as null takes its
+default. Messages' `tool_calls` / `tool_call_id` and `tools` reach a chat
+template that renders tool calls, else a 400 says tools are not supported.
 A client that disconnects cancels its request (its row ends at the next step)
-and is reported in one console line.
+and is reported in one console line; one that half-closes after a whole request
+gets its answer. SIGTERM drains (--shutdown-timeout) and exits 0.
 
 Stack: FastAPI (Starlette) on uvicorn rather than aiohttp, by fit: it is what
 the OpenAI-compatible peers run (vLLM, SGLang), its pydantic models check the
@@ -58,7 +63,7 @@ from eagle_jax.cli.args import add_model_arguments, generator_from_args
 from eagle_jax.serve.limits import Limits, PortInUse, bind
 from eagle_jax.sharding import parse_mesh
 
-__all__ = ["add_arguments", "main"]
+__all__ = ["add_arguments", "main", "short_name"]
 
 
 # ---------------------------------------------------------------------------- the command line
@@ -80,9 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-draft-depth", action="store_true",
                    help="draft at the configured depth at every step that speculates, rather than at the depth "
                         "(down to plain) that measured step costs and acceptance favour")
-    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: --target's name, or its file or directory's "
+                        "base name: never a path)")
     p.add_argument("--api-key", default=os.environ.get("EAGLE_JAX_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $EAGLE_JAX_API_KEY, else none)")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="on SIGTERM: accept no new connections, let requests in flight finish for up to S "
+                        "seconds, end the rest (a stream's last chunk says abort; an answer is a 503), exit 0")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
                    help="a request body must arrive within this time (else 408)")
@@ -99,6 +109,17 @@ def _port(s: str) -> int:
     if not (s.isascii() and s.isdigit()) or int(s) > 65535:
         raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {s!r}")
     return int(s)
+
+
+def _seconds(s: str) -> float:
+    """A time in seconds, >= 0."""
+    try:
+        t = float(s)
+    except ValueError:
+        t = -1.0
+    if not 0 <= t < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {s!r}")
+    return t
 
 
 def main(args) -> int:
@@ -126,11 +147,11 @@ def main(args) -> int:
     limits = Limits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
                     max_tokens=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                     max_prompt_tokens=args.max_prompt_tokens)
-    name = args.served_model_name or args.target
-    server = make(gen, model_name=name, draft_name=args.draft, max_batch=args.max_batch, max_len=args.max_len,
-                  prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget,
+    name = args.served_model_name or short_name(args.target)
+    server = make(gen, model_name=name, draft_name=short_name(args.draft), max_batch=args.max_batch,
+                  max_len=args.max_len, prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget,
                   adaptive=not args.fixed_draft_depth, limits=limits,
-                  api_key=args.api_key, sock=sock)
+                  api_key=args.api_key, sock=sock, shutdown_timeout_s=args.shutdown_timeout)
     host, port = server.server_address
     print(f"eagle-jax serve: http://{host}:{port} (model {name!r}, draft "
           f"{server.engine.info()['draft']}{', API key required' if args.api_key else ''})", flush=True)
@@ -141,6 +162,16 @@ def main(args) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def short_name(model: str) -> str:
+    """A registered name or hub id as given; a path as its base name, less a checkpoint
+    extension (nothing served names a local path)."""
+    if not os.path.exists(model):
+        return model
+    base = os.path.basename(os.path.normpath(model))
+    stem, ext = os.path.splitext(base)
+    return stem if ext.lower() in (".gguf", ".safetensors") else base
 
 
 def _console_log() -> None:

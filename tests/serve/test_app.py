@@ -8,10 +8,15 @@ streaming, some leaving early) with the same requests sent alone.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from eagle_jax.config import SpecConfig
-from eagle_jax.convert.bundled import load_drafter_by_name
+from eagle_jax.convert.bundled import bundled_path, load_drafter_by_name
 from eagle_jax.generate import Generator
 from eagle_jax.serve.app import make_server
 from eagle_jax.serve.limits import Limits, PortInUse, bind
@@ -533,6 +538,107 @@ def test_a_bad_port_is_an_argument_error(capsys, port):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument --port: expected a port in 0..65535, got '{port}'" in err, err
+
+
+# ---------------------------------------------------------------------------- a served process
+
+
+def _serve_process(*flags: str) -> tuple[subprocess.Popen, str]:
+    """`eagle-jax serve` in a subprocess on a free port (two rows, 256 slots): it and its URL,
+    once it has warmed up."""
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    proc = subprocess.Popen([sys.executable, "-m", "eagle_jax.cli", "serve", "--port", "0", "--max-batch", "2",
+                             "--max-len", "256", "--prefill-chunk", "32", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()  # the start-up line
+    found = re.search(r"http://127\.0\.0\.1:\d+", line)
+    if not found:
+        proc.kill()
+        pytest.fail(f"no start-up line: {line!r}\n{proc.communicate()[1][-3000:]}")
+    return proc, found.group(0)
+
+
+def _stream_lines(url: str, body: dict):
+    """A streamed POST: the response's lines as they come."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return (line.decode().strip() for line in resp if line.strip())
+
+
+def _events(lines) -> list:
+    return [line.removeprefix("data: ") for line in lines]
+
+
+def _refused(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_lets_a_stream_finish_then_exits_0(smollm2_target):
+    """SIGTERM mid-stream: no new connections, the stream runs to its end and [DONE], exit 0.
+    The target and drafter are given as paths: /health and /v1/models name them, never the paths."""
+    drafter = bundled_path("smollm2-135m-eagle3.1")
+    proc, url = _serve_process("--target", smollm2_target.source, "--draft", drafter,
+                               "--disable-by-batch-size", "none")  # speculating on any CPU
+    try:
+        health = _get(url + "/health")[1]
+        info = json.loads(health)
+        stem = os.path.basename(smollm2_target.source).removesuffix(".gguf")
+        assert info["model"] == stem and info["draft"] == "smollm2-135m-eagle3.1", info
+        assert os.path.dirname(smollm2_target.source) not in health and drafter not in health
+        assert json.loads(_get(url + "/v1/models")[1])["data"][0]["id"] == stem
+        lines = _stream_lines(url, {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 48})
+        first = next(lines)
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not _refused(url):  # the listener closes while the stream still runs
+            assert time.monotonic() < deadline, "still accepting connections after SIGTERM"
+            time.sleep(0.05)
+        events = _events([first, *lines])
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert sum(1 for c in chunks if c["choices"][0]["text"]) >= 1
+        assert proc.wait(timeout=120) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def test_sigterm_past_the_shutdown_timeout_ends_requests_cleanly():
+    """With --shutdown-timeout 0 a running stream ends with an "abort" chunk and [DONE], a running
+    non-streamed request with a 503; the process exits 0."""
+    proc, url = _serve_process("--draft", "none", "--shutdown-timeout", "0")
+    try:
+        lines = _stream_lines(url, {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 200})
+        first = next(lines)
+        whole = {}
+        t = threading.Thread(target=lambda: whole.update(zip(("status", "text"), _post(
+            url + "/v1/completions", {"prompt": "1, 2, 3,", "max_tokens": 200})[:2])))
+        t.start()
+        deadline = time.monotonic() + 60
+        while _running_and_waiting(url) != (2, 0):
+            assert time.monotonic() < deadline, "the second request never ran"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        events = _events([first, *lines])
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+        t.join(timeout=120)
+        assert whole["status"] == 503, whole
+        assert "shut down before this request finished" in json.loads(whole["text"])["error"]["message"]
+        assert proc.wait(timeout=120) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
 
 
 # ---------------------------------------------------------------------------- load
