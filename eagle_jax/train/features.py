@@ -50,16 +50,31 @@ class Features(NamedTuple):
     in_vocab: jax.Array  # [B, T] bool, full-vocab argmax lies in the draft vocab
 
 
+def _vocab_chunks(v: int, chunk: int) -> int:
+    """How many chunks `_nondraft_max` cuts a vocabulary of v into: the fewest that divide v
+    with at most `chunk` columns each, or 0 when that would take over twice the fewest
+    chunks of `chunk` columns (the vocabulary is then padded)."""
+    least = -(-v // chunk)
+    return next((n for n in range(least, 2 * least + 1) if v % n == 0), 0)
+
+
 def _nondraft_max(normed, w, t2d, chunk: int):
     """max over target ids NOT in the draft vocab of normed @ w, chunked over the vocab.
 
     normed [B, T, H]; w [H, V]; t2d [V] bool. Returns float32 [B, T] (-inf if none).
+    Chunk i holds columns i, i + n, i + 2n, ... (n chunks): where a mesh's model axis splits
+    the vocabulary into contiguous ranges, each chunk's columns split the same way, so no
+    device needs another's part of w (contiguous chunks of a padded vocabulary made XLA
+    gather the whole head).
     """
     h, v = w.shape
-    n = -(-v // chunk)
-    pad = n * chunk - v
-    wp = jnp.pad(w, ((0, 0), (0, pad))).reshape(h, n, chunk).transpose(1, 0, 2)  # [n, H, c]
-    excl = jnp.pad(t2d, (0, pad), constant_values=True).reshape(n, chunk)  # True = skip column
+    n = _vocab_chunks(v, chunk)
+    if n == 0:  # no divisor near: pad the vocabulary to whole chunks (columns excluded)
+        n = -(-v // chunk)
+        pad = n * chunk - v
+        w, t2d, v = jnp.pad(w, ((0, 0), (0, pad))), jnp.pad(t2d, (0, pad), constant_values=True), n * chunk
+    wp = w.reshape(h, v // n, n).transpose(2, 0, 1)  # [n, H, V/n]: chunk i = columns i::n
+    excl = t2d.reshape(v // n, n).T  # [n, V/n], True = skip column
 
     def one(xs):
         wc, ex = xs

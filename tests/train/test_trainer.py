@@ -97,11 +97,22 @@ def reference(setup, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- features
 
+@pytest.mark.parametrize("v, chunk", [(256, 48), (257, 64), (256, 8192)])  # divisor chunks, padded, one
+def test_nondraft_max_equals_the_dense_max(v, chunk):
+    from eagle_jax.train import features as F
+
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(3), 3)
+    normed, w = jax.random.normal(k1, (2, 5, 16)), jax.random.normal(k2, (16, v))
+    t2d = jax.random.bernoulli(k3, 0.3, (v,))
+    want = jnp.max(jnp.where(t2d, -jnp.inf, jnp.dot(normed, w, precision="highest")), -1)
+    np.testing.assert_allclose(F._nondraft_max(normed, w, t2d, chunk), want, rtol=1e-5, atol=1e-5)
+
+
 def test_features_match_full_logits(setup):
     from eagle_jax.train import features as F
 
     tparams, train, vocab = setup
-    fn = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="chunked", vocab_chunk=48)  # 256 = 5*48+16
+    fn = F.make_feature_fn(TCFG, (1, 2, 3), argmax_mode="chunked", vocab_chunk=48)  # 8 chunks of 32
     tokens = jnp.asarray(np.stack([train[i]["input_ids"][:32] for i in range(3)]))
     feats = fn(tparams, tokens, F.draft_head(tparams, TCFG, vocab.target_ids), vocab.t2d)
     pos = jnp.broadcast_to(jnp.arange(32), tokens.shape)
