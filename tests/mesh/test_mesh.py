@@ -110,6 +110,12 @@ def test_training_on_meshes_follows_the_single_device_curve(tmp_path):
         np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5, err_msg=mesh)
         np.testing.assert_allclose(got["grad_norm"], ref["grad_norm"], rtol=1e-5, err_msg=mesh)
         assert got["devices"] == 8, mesh
+    # The compiled feature pass and train step move no target weight (with a replicated drafter,
+    # whose own weights' shapes differ from the target's; FSDP gathers the drafter's by design).
+    weights = {tuple(w) for w in result["weight_shapes"]}
+    for mesh in ("2x4", "4x2", "8x1"):
+        moved = {tuple(s) for shapes in result["meshes"][mesh]["collectives"].values() for s in shapes}
+        assert not moved & weights, (mesh, moved & weights)
     assert result["meshes"]["2x4"]["param_specs"] == ["P()"]  # replicated
     assert "P()" not in result["meshes"]["2x4:fsdp"]["param_specs"]  # every drafter weight split
     resumed = result["resumed"]
