@@ -1,7 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow bench-quick
+.PHONY: setup demo test test-slow wheel-check bench-quick
 
 setup: $(VENV)/.installed
 
@@ -17,6 +17,10 @@ demo: setup
 # replaces a crashed worker (pytest-xdist#784); a crash must fail the run at once, naming the test.
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --max-worker-restart=0
+
+# The package as a user installs it: a wheel in a fresh venv without PyTorch (scripts/wheel_check.sh).
+wheel-check:
+	bash scripts/wheel_check.sh
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow -n 2 --dist loadfile --max-worker-restart=0
