@@ -247,9 +247,9 @@ class Generator:
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def _stream_engine(self, prompt_len: int, max_new: int) -> Engine:
-        """A one-row engine (on a mesh, a row per data shard) whose rows hold the prompt and its answer: the one kept from an
-        earlier stream when it does, else a new one (cache slots a power of two, so that
-        nearby lengths share it)."""
+        """A one-row engine (on a mesh, a row per data shard) whose rows hold the prompt and its
+        answer: the one kept from an earlier stream when it does, else a new one (cache slots a
+        power of two, so that nearby lengths share it)."""
         need = fitting_max_len(self, prompt_len, min(max_new, self.context_limit - prompt_len))
         if self._engine is None or self._engine.max_len < need:
             if self._engine is not None:
