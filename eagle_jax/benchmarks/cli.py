@@ -109,6 +109,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "beside the quick and full ones (default: quick or full); learning-curve: the point's name")
     # drift suite
     p.add_argument("--drift-depth", type=int, default=None, help="drift: chain depth probed")
+    p.add_argument("--prompt-formats", type=_strs, default=None,
+                   help="drift: formats of the short prompts, from template, system-short, system-long, "
+                        "system-code, raw (default: template)")
     # serve and draft-policy suites
     p.add_argument("--serve-concurrency", default="1,4,16",
                    help="serve, draft-policy: concurrent users, comma-separated (an engine has as many rows "

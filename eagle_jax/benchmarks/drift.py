@@ -30,6 +30,12 @@ calls that advance the cache; model code is not modified.
 
 Contexts: short prompts (HumanEval, held-out ShareGPT) and the long-context
 set (about 1k, 2k, 4k, 7k tokens; ``benchmarks/datasets.py``).
+
+Prompt formats (``--prompt-formats``, the short prompts only; the article's
+robustness claim): ``template`` (the model's own chat template with its
+default system prompt), ``system-short``, ``system-long``, ``system-code``
+(the template with one of three other system prompts, of different lengths
+and styles: ``SYSTEM_PROMPTS``) and ``raw`` (the user text with no template).
 """
 
 from __future__ import annotations
@@ -43,6 +49,31 @@ import numpy as np
 
 SINK_TOKENS = 4
 PROMPT_QUERY_MIN_POS = 16
+
+SYSTEM_PROMPTS = {
+    "system-short": "Answer briefly.",
+    "system-long": (
+        "You are a careful technical assistant working for a software company. Read the user's request "
+        "in full before answering. Prefer precise, verifiable statements over general advice; when a "
+        "question is ambiguous, state the assumption you make and answer under it. Use short paragraphs "
+        "and numbered steps for procedures, put code in fenced blocks with the language named, and never "
+        "invent APIs, file names or citations. If you do not know something, say so plainly and suggest "
+        "how the user could find out. Keep a neutral, professional tone throughout."),
+    "system-code": "You are an expert Python programmer. Reply with code only, no explanations.",
+}
+PROMPT_FORMATS = ("template", *SYSTEM_PROMPTS, "raw")
+
+
+def format_prompt(tokenizer, text: str, fmt: str) -> list[int]:
+    """Token ids of the user message `text` in prompt format `fmt` (one of `PROMPT_FORMATS`)."""
+    if fmt == "raw":
+        return tokenizer.encode(text)
+    if fmt == "template":
+        return tokenizer.apply_chat(text)
+    if fmt not in SYSTEM_PROMPTS:
+        raise ValueError(f"unknown prompt format {fmt!r}; known: {', '.join(PROMPT_FORMATS)}")
+    return tokenizer.apply_chat([{"role": "system", "content": SYSTEM_PROMPTS[fmt]},
+                                 {"role": "user", "content": text}])
 
 
 # ----------------------------------------------------------------------------- probe
@@ -243,35 +274,38 @@ def run(args, log) -> dict:
     suite = ds.build_suite(t.tokenizer, humaneval=n_short, sharegpt=n_short, long_lengths=lengths,
                            long_per_length=per_length)
     result["datasets"] = ds.summarize_suite(suite)
-    prompts = [(p, "short") for name in ("humaneval", "sharegpt") for p in suite.get(name, [])]
-    prompts += [(p, p.meta["target_tokens"]) for p in suite.get("long", [])]
+    formats = list(args.prompt_formats or ["template"])
+    prompts = [(p, "short", f) for name in ("humaneval", "sharegpt") for p in suite.get(name, []) for f in formats]
+    prompts += [(p, p.meta["target_tokens"], "template") for p in suite.get("long", [])]
+    result["settings"]["prompt_formats"] = formats
+    result["settings"]["system_prompts"] = {f: SYSTEM_PROMPTS[f] for f in formats if f in SYSTEM_PROMPTS}
     plain = Generator(t.cfg, t.params, t.tokenizer)
-    ids_of = {p.id: plain.encode_prompts([p.text])[0] for p, _ in prompts}
+    ids_of = {(p.id, f): format_prompt(t.tokenizer, p.text, f) for p, _, f in prompts}
     log(f"{len(prompts)} prompts; continuations from plain greedy decoding")
     cont = {}
-    for p, _ in prompts:
-        r = plain.generate([ids_of[p.id]], max_new_tokens=depth + 1)
-        cont[p.id] = r.token_ids[0]
+    for p, _, f in prompts:
+        r = plain.generate([ids_of[p.id, f]], max_new_tokens=depth + 1)
+        cont[p.id, f] = r.token_ids[0]
     records = []
     fns: dict = {}
     for d in drafters:
         dcfg, dparams, vocab = d["bundle"]
         gen = Generator(t.cfg, t.params, t.tokenizer, drafter=d["bundle"],
                         spec=SpecConfig(method="chain", num_speculative_tokens=depth, disable_by_batch_size=None))
-        for p, ctx in prompts:
+        for p, ctx, f in prompts:
             t0 = time.perf_counter()
-            rec = probe_prompt(t.cfg, t.params, dcfg, dparams, vocab, ids_of[p.id], depth, fns=fns)
-            c = cont[p.id]
+            rec = probe_prompt(t.cfg, t.params, dcfg, dparams, vocab, ids_of[p.id, f], depth, fns=fns)
+            c = cont[p.id, f]
             rec["root_accepted"] = _prefix_match(rec["drafted"], c[1:1 + depth]) if c and c[0] == rec["first_token"] else 0
-            r = gen.generate([ids_of[p.id]], max_new_tokens=max_new)
+            r = gen.generate([ids_of[p.id, f]], max_new_tokens=max_new)
             rec.update({"drafter": d["tag"], "label": d["label"], "variant": d["variant"],
                         "random_init": d["random_init"], "dataset": p.dataset, "prompt_id": p.id,
-                        "context": ctx, "tau": r.stats.get("acceptance_length"),
+                        "context": ctx, "format": f, "tau": r.stats.get("acceptance_length"),
                         "per_position_acceptance": r.stats.get("per_position_acceptance"),
                         "draft_acceptance_rate": r.stats.get("draft_acceptance_rate"),
                         "generated_tokens": r.num_generated, "seconds": time.perf_counter() - t0})
             records.append(rec)
-            log(f"{d['tag']} {p.id} ({rec['prompt_tokens']} tok): tau {rec['tau']}, "
+            log(f"{d['tag']} {p.id} [{f}] ({rec['prompt_tokens']} tok): tau {rec['tau']}, "
                 f"rms {['%.2f' % x for x in rec['hidden_rms_by_depth']]}, "
                 f"sink prompt {rec['sink_mass_prompt']:.2f} drafted {rec['sink_mass_by_depth'][-1]:.2f}")
     result["records"] = records
@@ -280,10 +314,13 @@ def run(args, log) -> dict:
 
 
 def summarize(records: list[dict], depth: int) -> list[dict]:
-    """Means per (drafter, context), contexts ordered short, then by length."""
+    """Means per (drafter, context, prompt format), contexts ordered short, then by length, formats
+    in `PROMPT_FORMATS` order. ``tau_by_depth[k-1]``: the acceptance length of a chain of depth k,
+    1 + the per-position acceptance summed over positions 1..k (greedy: a depth-k chain drafts the
+    first k tokens of the depth-D one)."""
     groups: dict = {}
     for r in records:
-        groups.setdefault((r["drafter"], r["context"]), []).append(r)
+        groups.setdefault((r["drafter"], r["context"], r.get("format", "template")), []).append(r)
 
     def mean_vec(key, rs):
         vs = [r[key] for r in rs if r.get(key)]
@@ -293,14 +330,20 @@ def summarize(records: list[dict], depth: int) -> list[dict]:
         return [float(np.mean([v[i] for v in vs])) for i in range(m)]
 
     out = []
-    for (dr, ctx), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] == "short" else kv[0][1])):
+    def order(kv):
+        (dr, ctx, f), _ = kv
+        return dr, -1 if ctx == "short" else ctx, PROMPT_FORMATS.index(f) if f in PROMPT_FORMATS else len(PROMPT_FORMATS)
+
+    for (dr, ctx, f), rs in sorted(groups.items(), key=order):
         taus = [r["tau"] for r in rs if r.get("tau") is not None]
+        per_pos = mean_vec("per_position_acceptance", rs)
         out.append({
             "drafter": dr, "label": rs[0]["label"], "variant": rs[0]["variant"],
-            "random_init": rs[0]["random_init"], "context": ctx, "num_prompts": len(rs),
+            "random_init": rs[0]["random_init"], "context": ctx, "format": f, "num_prompts": len(rs),
             "prompt_tokens_mean": float(np.mean([r["prompt_tokens"] for r in rs])),
             "tau": statistics.mean(taus) if taus else None,
-            "per_position_acceptance": mean_vec("per_position_acceptance", rs),
+            "per_position_acceptance": per_pos,
+            "tau_by_depth": [float(1 + sum(per_pos[:k])) for k in range(1, len(per_pos) + 1)],
             "hidden_rms_by_depth": mean_vec("hidden_rms_by_depth", rs),
             "feedback_out_rms_by_depth": mean_vec("feedback_out_rms_by_depth", rs),
             "sink_mass_by_depth": mean_vec("sink_mass_by_depth", rs),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from eagle_jax.benchmarks.drift import PROMPT_FORMATS
 from eagle_jax.benchmarks.report.common import _line_chart, _plt, _rel, _save, caption, fmt, table
 
 
@@ -21,7 +22,8 @@ def render_drift(r: dict, docs_path: str) -> str:
     out.append("")
     rows = []
     for g in r.get("summary", []):
-        rows.append([g["label"], g["context"], fmt(g["prompt_tokens_mean"], 0), g["num_prompts"],
+        rows.append([g["label"], g["context"], g.get("format", "template"), fmt(g["prompt_tokens_mean"], 0),
+                     g["num_prompts"],
                      fmt(g["tau"]), " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]) or "–",
                      fmt(g["feature_rms_prompt"]),
                      " ".join(f"{x:.2f}" for x in g["hidden_rms_by_depth"]),
@@ -31,7 +33,7 @@ def render_drift(r: dict, docs_path: str) -> str:
     if rows:
         out.append(caption(r))
         out.append("")
-        out.append(table(["drafter", "context", "prompt tok", "n", "tau", "per-position acc.",
+        out.append(table(["drafter", "context", "format", "prompt tok", "n", "tau", "per-position acc.",
                           "feature RMS (prompt)", "hidden RMS by depth", "sink share (prompt)",
                           "sink share by depth", "chain accepted at root"], rows))
         out.append("")
@@ -66,10 +68,11 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
     axes[0].legend(fontsize=6)
     figs.append(("hidden-state norm and sink attention by depth", _save(fig, r, "hidden-norm")))
     by_drafter: dict = {}
-    for g in summary:
+    template = [g for g in summary if g.get("format", "template") == "template"]
+    for g in template:
         if g["context"] != "short" and g["tau"] is not None:
             by_drafter.setdefault(g["drafter"], []).append((g["prompt_tokens_mean"], g["tau"]))
-    shorts = {g["drafter"]: (g["prompt_tokens_mean"], g["tau"]) for g in summary
+    shorts = {g["drafter"]: (g["prompt_tokens_mean"], g["tau"]) for g in template
               if g["context"] == "short" and g["tau"] is not None}
     if by_drafter or shorts:
         lines = {dr: by_drafter.get(dr, []) + ([shorts[dr]] if dr in shorts else [])
@@ -77,4 +80,20 @@ def drift_figures(r: dict) -> list[tuple[str, str]]:
         figs.append(("tau by context length", _line_chart(
             r, "drift-tau", lines, xlabel="prompt tokens", ylabel="tau",
             title="tau by context length (chain, greedy)", logx=True)))
+    by_depth = {f"{g['drafter']} ({g['context']}, {g.get('format', 'template')})":
+                list(enumerate(g["tau_by_depth"], start=1)) for g in summary if g.get("tau_by_depth")}
+    if by_depth:
+        figs.append(("acceptance length by chain depth", _line_chart(
+            r, "drift-tau-depth", by_depth, xlabel="chain depth k", ylabel="tau (1 + accepted)",
+            title="acceptance length by chain depth (greedy)")))
+    formats = {g.get("format", "template") for g in summary}
+    if len(formats) > 1:
+        lines: dict = {}
+        order = sorted(formats, key=lambda f: PROMPT_FORMATS.index(f) if f in PROMPT_FORMATS else 99)
+        for g in summary:
+            if g["context"] == "short" and g["tau"] is not None:
+                lines.setdefault(g["drafter"], []).append((order.index(g.get("format", "template")), g["tau"]))
+        figs.append(("tau by prompt format", _line_chart(
+            r, "drift-tau-format", lines, xlabel="prompt format: " + ", ".join(
+                f"{i} {f}" for i, f in enumerate(order)), ylabel="tau", title="tau by prompt format (short prompts)")))
     return figs
