@@ -86,7 +86,7 @@ def _reference(tok, toks, stop, holdback, final, shown):
     `holdback` characters and a trailing partial character (never less than `shown`)."""
     kept, text, stopped = cut_at_stop(tok, toks, stop)
     if not (stopped or final):
-        settled = text[:-1] if text.endswith("\ufffd") else text
+        settled = text.removesuffix("\ufffd")
         text = settled[:max(len(settled) - holdback, len(shown))]
     return text, stopped, len(kept)
 

@@ -11,11 +11,14 @@ import hmac
 import json
 import logging
 import random
+import re
 import signal
 import socket
 import threading
 import time
 import uuid
+from functools import partial
+from http import HTTPStatus
 
 import h11
 import uvicorn
@@ -23,7 +26,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
 from eagle_jax.engine import Delta, Done, Engine, EngineError, Sampling
 from eagle_jax.serve import protocol as P
@@ -146,7 +149,8 @@ class _Api:
         try:
             raw = await _read_body(request, self.limits)
         except ClientDisconnect:
-            log.warning("client disconnected before its request body arrived")
+            if "malformed" not in request.scope.get("state", {}):  # else the parser answered it (_H11)
+                log.warning("client disconnected before its request body arrived")
             return Response(status_code=499)
         body = P.parse_json(raw)
         req = P.validated(P.ChatBody if kind == "chat" else P.CompletionBody, body)
@@ -402,9 +406,88 @@ def _eagle(outs: list[tuple[str, Done]]) -> dict:
 # ---------------------------------------------------------------------------- the server
 
 
-class _JsonErrorsH11(H11Protocol):
-    """uvicorn's h11 protocol, answering a request it cannot parse with a JSON 400, and
-    answering a client that half-closes after a whole request."""
+class _Conn(h11.Connection):
+    """h11's connection, keeping the error that ended parsing (uvicorn reports every one
+    as "Invalid HTTP request received.")."""
+
+    error: h11.RemoteProtocolError | None = None
+
+    def next_event(self):
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as e:
+            self.error = e
+            raise
+
+
+class _H11(H11Protocol):
+    """uvicorn's h11 protocol with what it lacks:
+
+    - a request h11 cannot parse gets a JSON error that says what was wrong (h11's
+      message and status: 400, or 431 / 501), not "Invalid HTTP request received.";
+    - a request whose headers have not all arrived `limits.header_timeout_s` after the
+      connection opened (or after the previous response) gets a 408 and is closed; an
+      idle connection is closed (uvicorn's keep-alive timer never starts on a new
+      connection and stops at a request's first byte);
+    - a connection opened while `limits.max_connections` others are open gets a 503 to
+      its request and is closed;
+    - a client that half-closes after a whole request gets its answer.
+
+    Besides the asyncio protocol methods it relies on these members of uvicorn's
+    H11Protocol (uvicorn 0.55; tests/serve/test_http.py pins them): `conn` (made in
+    `__init__`, handed to each request cycle), `config`, `transport`, `loop`, `cycle`
+    (and its `scope`), `connections` (the server's open connections, this one
+    included), `app` (read at each request), `on_response_complete` and
+    `send_400_response(msg)` (called on a parse error).
+    """
+
+    def __init__(self, *args, limits: Limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.most_header_bytes = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+        self.conn = _Conn(h11.SERVER, self.most_header_bytes)
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            refused = ApiError(503, f"the server has {self.limits.max_connections} connections open, its limit "
+                                    f"(--max-connections): try again later")
+            self.app = JSONResponse(refused.body(), status_code=503, headers={"connection": "close"})
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # between requests (a request ending its body restarts the cycle)
+            self._arm()
+        elif self.header_timer is not None:  # the headers are in
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        """Start the headers' clock, unless it runs already (a byte does not reset it)."""
+        if self.header_timer is None and not self.transport.is_closing():
+            self.header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_late)
+
+    def _headers_late(self) -> None:
+        self.header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0]:  # part of a request has come
+            self._answer(ApiError(408, f"the request headers did not arrive within "
+                                       f"{self.limits.header_timeout_s:g} s (--header-timeout-s)"))
+        else:
+            self.transport.close()
 
     def eof_received(self) -> bool | None:
         """Keep the connection open to answer a whole request whose client shut its sending
@@ -416,13 +499,27 @@ class _JsonErrorsH11(H11Protocol):
         return None
 
     def send_400_response(self, msg: str) -> None:
-        body = ApiError(400, f"malformed HTTP request: {msg}").body()
-        data = JSONResponse(body).body
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                   (b"connection", b"close")]
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=data),
-                      h11.EndOfMessage()):
-            self.transport.write(self.conn.send(event))
+        """Answer a request h11 could not parse with its reason (uvicorn's `msg` says none)."""
+        e, status = self.conn.error, 400
+        what = msg if e is None else re.sub(r"bytearray\((b.*)\)", r"\1", str(e))[:200]
+        if e is not None:
+            status = e.error_status_hint
+            if status == 431:
+                what = f"the request headers are over {self.most_header_bytes} bytes"
+        if self.cycle is not None:  # the request's handler sees a disconnect: not the client's doing
+            self.cycle.scope["state"]["malformed"] = what
+        self._answer(ApiError(status, f"malformed HTTP request: {what}"))
+
+    def _answer(self, e: ApiError) -> None:
+        """Send `e` as a JSON response (unless a response has begun), then close."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            data = JSONResponse(e.body()).body
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                       (b"connection", b"close")]
+            reason = HTTPStatus(e.status).phrase.encode()
+            for event in (h11.Response(status_code=e.status, headers=headers, reason=reason), h11.Data(data=data),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
         self.transport.close()
 
 
@@ -452,14 +549,16 @@ class _Draining(uvicorn.Server):
 class Server:
     """A bound server: `serve_forever()` on some thread, `shutdown()` from another,
     then `server_close()` (the socket and the engine). Either way of stopping drains the
-    requests in flight for up to `shutdown_timeout_s`."""
+    requests in flight for up to `shutdown_timeout_s`. Its connections obey `limits`
+    (header time, open connections: `_H11`)."""
 
-    def __init__(self, app, sock: socket.socket, engine, shutdown_timeout_s: float = 30.0):
+    def __init__(self, app, sock: socket.socket, engine, shutdown_timeout_s: float = 30.0,
+                 limits: Limits = Limits()):
         self.sock, self.engine = sock, engine
         self.server_address = sock.getsockname()[:2]
         self.shutdown_timeout_s = shutdown_timeout_s
-        config = uvicorn.Config(app, http=_JsonErrorsH11, lifespan="off", log_config=None, access_log=False,
-                                timeout_graceful_shutdown=10, timeout_keep_alive=5)
+        config = uvicorn.Config(app, http=partial(_H11, limits=limits), lifespan="off", log_config=None,
+                                access_log=False, timeout_graceful_shutdown=10, timeout_keep_alive=5)
         self._uvicorn = _Draining(config, shutdown_timeout_s)
         self._stopped = threading.Event()
 
@@ -489,6 +588,6 @@ def make_server(generator, host: str = "127.0.0.1", port: int = 8000, *, model_n
     backend = Engine(generator, max_rows=max_batch, max_len=max_len, draft_name=draft_name,
                      prefill_chunk=prefill_chunk, prefill_budget=prefill_budget, adaptive=adaptive)
     app = create_app(backend, model_name=model_name, limits=limits, api_key=api_key)
-    return Server(app, sock if sock is not None else bind(host, port), backend, shutdown_timeout_s)
+    return Server(app, sock if sock is not None else bind(host, port), backend, shutdown_timeout_s, limits)
 
 

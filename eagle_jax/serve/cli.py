@@ -25,10 +25,14 @@ Infinity, nesting past 32 levels, bad fields, prompts or limits; 401 for a
 missing or wrong API key (`--api-key`, or $EAGLE_JAX_API_KEY: `Authorization:
 Bearer KEY` on /v1/*); 404 for an unknown model or route; 408 for a body that
 does not arrive within --body-timeout-s; 413 for a body over --max-body-bytes,
-refused from its Content-Length before it is read; a malformed request line or
-header (e.g. `Content-Length: abc`) gets a JSON 400 from the HTTP parser itself.
-(Headers that never complete are not timed out: uvicorn has no such timer.)
-415 for a POST whose Content-Type is not application/json (a web page's simple
+refused from its Content-Length before it is read. A request the HTTP parser
+cannot read gets a JSON error that says what was wrong: 400 for a garbage request
+line or header, a bad Content-Length or chunk size; 431 for headers still
+incomplete past 16 KiB; 501 for a Transfer-Encoding other than chunked. 408 for
+request headers that have not all arrived --header-timeout-s after the connection
+opened or the previous response ended (an idle connection is just closed); 503 for
+a request on a connection opened while --max-connections were open (it is then
+closed); 415 for a POST whose Content-Type is not application/json (a web page's simple
 cross-origin request cannot drive the server). A field sent as null takes its
 default. Messages' `tool_calls` / `tool_call_id` and `tools` reach a chat
 template that renders tool calls, else a 400 says tools are not supported.
@@ -93,6 +97,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
                    help="on SIGTERM: accept no new connections, let requests in flight finish for up to S "
                         "seconds, end the rest (a stream's last chunk says abort; an answer is a 503), exit 0")
+    p.add_argument("--max-connections", type=_count, default=d.max_connections, metavar="N",
+                   help="open connections at most: a request on one more gets a 503 and its connection is closed")
+    p.add_argument("--header-timeout-s", type=_timeout, default=d.header_timeout_s, metavar="S",
+                   help="a request's headers must all arrive within S seconds of its connection's opening (or of "
+                        "the previous response), else a 408 and the connection is closed")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--body-timeout-s", type=float, default=d.body_timeout_s,
                    help="a request body must arrive within this time (else 408)")
@@ -109,6 +118,21 @@ def _port(s: str) -> int:
     if not (s.isascii() and s.isdigit()) or int(s) > 65535:
         raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {s!r}")
     return int(s)
+
+
+def _count(s: str) -> int:
+    """A whole number >= 1."""
+    if not (s.isascii() and s.isdigit()) or int(s) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {s!r}")
+    return int(s)
+
+
+def _timeout(s: str) -> float:
+    """A time in seconds, > 0."""
+    t = _seconds(s)
+    if t == 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {s!r}")
+    return t
 
 
 def _seconds(s: str) -> float:
@@ -146,7 +170,8 @@ def main(args) -> int:
     gen = generator_from_args(args)
     limits = Limits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
                     max_tokens=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
-                    max_prompt_tokens=args.max_prompt_tokens)
+                    max_prompt_tokens=args.max_prompt_tokens, header_timeout_s=args.header_timeout_s,
+                    max_connections=args.max_connections)
     name = args.served_model_name or short_name(args.target)
     server = make(gen, model_name=name, draft_name=short_name(args.draft), max_batch=args.max_batch,
                   max_len=args.max_len, prefill_chunk=args.prefill_chunk, prefill_budget=args.prefill_budget,

@@ -12,13 +12,15 @@ __all__ = ["Limits", "PortInUse", "bind"]
 
 @dataclass(frozen=True)
 class Limits:
-    """What the server accepts: body size and time, token and prompt limits."""
+    """What the server accepts: connections, header and body time, body size, token and prompt limits."""
     max_body_bytes: int = 1 << 20
     body_timeout_s: float = 30.0
     max_tokens: int = 4096  # most tokens a request may ask for
     default_max_tokens: int = 128
     max_prompt_tokens: int | None = None  # None: what the context leaves room for
     max_prompts: int = 32  # prompts in one /v1/completions request
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this
+    max_connections: int = 512  # open connections; one more gets a 503
 
 
 class PortInUse(OSError):

@@ -20,7 +20,7 @@ __all__ = ["ApiError", "parse_json", "CompletionBody", "ChatBody", "validated", 
 MAX_DEPTH = 32  # deepest JSON nesting accepted (a chat body needs 5)
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-          503: "server_error"}
+          431: "invalid_request_error", 503: "server_error"}
 
 
 # The engine's reasons for ending a request, as the OpenAI API names them.
