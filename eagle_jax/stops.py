@@ -35,18 +35,19 @@ class StreamText:
     step, for a step's work that does not grow with the row.
 
     Each call gives the text that is new and settled: it holds back the last (longest stop
-    string - 1) characters, which could still start a stop string, and a last character
-    that is a partial UTF-8 character (until the row ends); `stopped` once a stop string
-    has cut it.
+    string - 1) characters, which could still start a stop string, and a trailing run of
+    replacement characters, which may be a partial UTF-8 character (until the row ends);
+    `stopped` once a stop string has cut it.
 
     Incremental detokenization: the text of `toks[:read]` is final (it did not end in a
     partial character); a step decodes only `toks[prefix:]` and `toks[prefix:read]`, the
     text past the latter being the new text (the tokens before `read` give a decoder that
     treats a list's first token apart, e.g. stripping its space, the same context in
     both). That equals the whole list's decode for a decoder whose text of a list starts
-    with the text of any prefix of it that ends on a whole character (byte-level BPE and
-    SentencePiece do; `clean_up_tokenization_spaces` does not, and is refused). Stop strings
-    are searched in the new text and the (longest stop - 1) characters before it.
+    with the text of any prefix of it that ends on a whole character: byte-level BPE
+    (tests/test_stops.py); not `clean_up_tokenization_spaces`, which a step that meets it
+    refuses (ValueError). Stop strings are searched in the new text and the (longest stop
+    - 1) characters before it.
     """
 
     def __init__(self, tokenizer, stop: Sequence[str]):
@@ -90,7 +91,7 @@ class StreamText:
         elif final:
             end, used = at + len(text), len(toks)
         else:
-            end, used = max(at + len(text) - text.endswith(_PARTIAL) - self.holdback, self._shown), len(toks)
+            end, used = max(at + len(text.rstrip(_PARTIAL)) - self.holdback, self._shown), len(toks)
         piece = text[self._shown - at:end - at]
         self._shown = end
         # keep what later steps read: the unshown text and the characters a stop string could start in

@@ -83,10 +83,11 @@ def _real_texts(conversations: int = 1500, plain: int = 60) -> list[str]:
 def _reference(tok, toks, stop, holdback, final, shown):
     """What a stream must have shown once the row has `toks` (whole-list decode, `cut_at_stop`):
     (text, stopped, tokens behind it): all of it when stopped or final, else less the last
-    `holdback` characters and a trailing partial character (never less than `shown`)."""
+    `holdback` characters and any trailing replacement characters (a partial character
+    may be one or several), never less than `shown`."""
     kept, text, stopped = cut_at_stop(tok, toks, stop)
     if not (stopped or final):
-        settled = text.removesuffix("\ufffd")
+        settled = text.rstrip("\ufffd")
         text = settled[:max(len(settled) - holdback, len(shown))]
     return text, stopped, len(kept)
 
