@@ -45,9 +45,12 @@ class StreamText:
     treats a list's first token apart, e.g. stripping its space, the same context in
     both). That equals the whole list's decode for a decoder whose text of a list starts
     with the text of any prefix of it that ends on a whole character: byte-level BPE
-    (tests/test_stops.py); not `clean_up_tokenization_spaces`, which a step that meets it
-    refuses (ValueError). Stop strings are searched in the new text and the (longest stop
-    - 1) characters before it.
+    (tests/test_stops.py). One that rewrites settled text (SentencePiece's byte fallback
+    turns every byte of a run that is not valid UTF-8 into a replacement character, the
+    valid ones before it included; `clean_up_tokenization_spaces` drops a space before
+    punctuation) cannot take back what was shown: the new text is then what lies past the
+    settled text's length, as in vLLM. Stop strings are searched in the new text and the
+    (longest stop - 1) characters before it.
     """
 
     def __init__(self, tokenizer, stop: Sequence[str]):
@@ -72,10 +75,6 @@ class StreamText:
         searched = self._final  # no stop string lies wholly in the final text of the last step
         settled = self._decode(toks[self._prefix:self._read])
         window = self._decode(toks[self._prefix:])
-        if not window.startswith(settled):
-            raise ValueError(f"the tokenizer's text of a token list does not start with that of its prefix "
-                             f"({settled[-20:]!r} then {window[-20:]!r}): text cannot be streamed "
-                             f"(clean_up_tokenization_spaces?)")
         new = window[len(settled):]
         text = self._tail + new  # the row's text from character _tail_at on
         if new and not new.endswith(_PARTIAL):  # settled: the window moves on
@@ -107,12 +106,13 @@ class StreamText:
 
     def _covering(self, toks: Sequence[int], chars: int) -> int:
         """The fewest tokens of `toks` whose text has `chars` characters or more: counted from
-        the last read offset whose final text is shorter (its text decoded from the one before)."""
+        the last read offset whose final text is shorter (its text decoded from the one before);
+        all of them if a decoder that rewrites settled text leaves none."""
         j = bisect_left(self._mark_chars, chars) - 1
         if j < 0:
             return 0
         start, base = self._marks[j], self._mark_chars[j]
         context = self._marks[j - 1] if j else 0
         known = len(self._decode(toks[context:start]))
-        return next(i for i in range(start + 1, len(toks) + 1)
-                    if base + len(self._decode(toks[context:i])) - known >= chars)
+        return next((i for i in range(start + 1, len(toks) + 1)
+                     if base + len(self._decode(toks[context:i])) - known >= chars), len(toks))
