@@ -50,6 +50,107 @@ class RopeConfig:
             raise ConfigError(f"rope_theta must be positive, got {self.theta}")
 
 
+def _positive(owner: str, **values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sparse mixture-of-experts MLP layers (Qwen3-MoE; DeepSeek-V3 and Kimi K2).
+
+    A token's router logits x @ router [E] score the experts: `scoring` "softmax"
+    (Qwen3-MoE) or "sigmoid" (DeepSeek-V3), where the choice adds the per-expert
+    `e_score_correction_bias` to the scores and keeps only the experts of the
+    `topk_groups` best of `num_groups` equal groups (a group's score: the sum of its
+    two best). The top `experts_per_token` experts' scores (without the bias) are the
+    weights: divided by their sum when `norm_topk_prob`, times `routed_scaling_factor`.
+    The output is the weighted sum of those experts' SwiGLU MLPs (width
+    `intermediate_size`) plus, with `num_shared_experts` > 0, one dense SwiGLU MLP of
+    width num_shared_experts * intermediate_size that every token goes through.
+    `layers`: the decoder layers whose MLP is this block; the others keep the dense
+    MLP of `TargetConfig.intermediate_size`.
+    """
+
+    num_experts: int  # n_routed_experts / num_experts
+    experts_per_token: int  # num_experts_per_tok
+    intermediate_size: int  # moe_intermediate_size
+    layers: tuple[int, ...]
+    scoring: str = "softmax"
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    num_groups: int = 1  # n_group
+    topk_groups: int = 1  # topk_group
+    num_shared_experts: int = 0  # n_shared_experts
+
+    def __post_init__(self):
+        _positive("MoEConfig", num_experts=self.num_experts, experts_per_token=self.experts_per_token,
+                  intermediate_size=self.intermediate_size, num_groups=self.num_groups,
+                  topk_groups=self.topk_groups)
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ConfigError(f"MoE scoring must be 'softmax' or 'sigmoid', got {self.scoring!r}")
+        if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
+            raise ConfigError(f"num_shared_experts must be a non-negative integer, got {self.num_shared_experts!r}")
+        if self.num_experts % self.num_groups or self.topk_groups > self.num_groups:
+            raise ConfigError(f"n_group ({self.num_groups}) must divide the experts ({self.num_experts}) and be at "
+                              f"least topk_group ({self.topk_groups})")
+        per_group = self.num_experts // self.num_groups
+        if self.scoring == "softmax" and self.num_groups != 1:
+            raise ConfigError(f"grouped expert choice (n_group {self.num_groups}) is defined for sigmoid scoring only")
+        if self.scoring == "sigmoid" and per_group < 2:
+            raise ConfigError(f"sigmoid scoring ranks groups by their two best experts: a group of {per_group} "
+                              f"({self.num_experts} experts in {self.num_groups} groups)")
+        if self.experts_per_token > self.topk_groups * per_group:
+            raise ConfigError(f"num_experts_per_tok ({self.experts_per_token}) exceeds the experts of the "
+                              f"{self.topk_groups} chosen group(s) ({self.topk_groups * per_group})")
+        if not self.routed_scaling_factor > 0:
+            raise ConfigError(f"routed_scaling_factor must be positive, got {self.routed_scaling_factor!r}")
+        if list(self.layers) != sorted(set(self.layers)):
+            raise ConfigError(f"MoE layers must be distinct and ascending, got {self.layers!r}")
+
+    @property
+    def shared_intermediate_size(self) -> int:
+        return self.num_shared_experts * self.intermediate_size
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2).
+
+    Each token's keys and values come from one latent c = norm(x @ W_DKV)
+    [kv_lora_rank] shared by the heads (W_UK, W_UV expand it per head:
+    `qk_nope_head_dim` key and `v_head_dim` value columns) plus one rotary key
+    [qk_rope_head_dim] shared by the heads; the cache holds c and the rotary key.
+    Queries come from x (`q_lora_rank` None) or through a normed low-rank
+    projection of that rank. The softmax scale is (qk_nope + qk_rope)^-1/2, times
+    mscale(factor, `mscale_all_dim`)^2 under YaRN when mscale_all_dim is set.
+    `rope_interleave`: the rope columns of the q and kv_a projections hold
+    interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's layout, transformers'
+    default), else the rotate-half layout.
+    """
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    mscale_all_dim: float = 0.0
+    rope_interleave: bool = True
+
+    def __post_init__(self):
+        _positive("MLAConfig", kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
+                  qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim)
+        if self.q_lora_rank is not None:
+            _positive("MLAConfig", q_lora_rank=self.q_lora_rank)
+        if self.qk_rope_head_dim % 2:
+            raise ConfigError(f"qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
 class _AttentionShape:
     """Shared by the target and drafter configs: GQA head arithmetic, and the column
     layout of the fused projections. `fused_groups` g: the q|k|v and gate|up columns
@@ -85,11 +186,14 @@ class _AttentionShape:
 
 @dataclass(frozen=True)
 class TargetConfig(_AttentionShape):
-    """A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
+    """A Llama-family decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3), optionally with
+    sparse MoE MLP layers (`moe`: Qwen3-MoE, DeepSeek-V3) and multi-head latent
+    attention (`mla`: DeepSeek-V3, Kimi K2; then `head_dim` is the rotary head dim
+    qk_rope_head_dim and `num_kv_heads` = `num_heads`, as transformers sets them).
 
     Parameter shapes (see `eagle_jax.models.target`):
-      embed [V, H]; layers.* stacked on a leading [L] axis; lm_head [H, V]
-      unless `tie_word_embeddings`.
+      embed [V, H]; layers.* stacked on a leading [L] axis (one dict per layer
+      with `moe` or `mla`); lm_head [H, V] unless `tie_word_embeddings`.
     """
 
     vocab_size: int
@@ -112,6 +216,8 @@ class TargetConfig(_AttentionShape):
     eos_token_ids: tuple[int, ...] = ()
     name_or_path: str = ""
     fused_groups: int = 1  # see _AttentionShape
+    moe: MoEConfig | None = None
+    mla: MLAConfig | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -120,6 +226,20 @@ class TargetConfig(_AttentionShape):
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         self._check_heads()
+        if self.moe is not None and not all(0 <= i < self.num_layers for i in self.moe.layers):
+            raise ConfigError(f"MoE layers {self.moe.layers} outside [0, {self.num_layers})")
+        if self.mla is not None:
+            if self.head_dim != self.mla.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
+                raise ConfigError(f"an MLA target has head_dim = qk_rope_head_dim ({self.mla.qk_rope_head_dim}) and "
+                                  f"num_kv_heads = num_heads ({self.num_heads}), got {self.head_dim}, "
+                                  f"{self.num_kv_heads}")
+            if self.qkv_bias or self.o_bias or self.qk_norm:
+                raise ConfigError("an MLA target has no q/k/v or o biases and no q/k norms")
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether the layers differ in parameters (MoE or MLA): one dict per layer, unrolled."""
+        return self.moe is not None or self.mla is not None
 
     def default_aux_layers(self) -> tuple[int, int, int]:
         """EAGLE-3 default: residual streams entering layers (2, N//2, N-3)."""

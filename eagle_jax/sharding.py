@@ -47,6 +47,9 @@ RULES: dict[str, str | None] = {
     "cache_heads": "model",
     "layers": None, "embed": None, "embed2": None, "head_dim": None, "aux": None, "aux_states": None,
     "target_embed": None, "seq": None,
+    # MoE and MLA parameters (models/moe.py, models/mla.py): replicated for now
+    "experts": None, "expert_ffw": None, "expert_ffw2": None,
+    "mla_a": None, "q_lora": None, "kv_lora": None, "mla_q": None, "mla_kv": None,
 }
 
 CACHE_AXES = ("layers", "batch", "cache_heads", "seq", "head_dim")  # KVCache.k / .v

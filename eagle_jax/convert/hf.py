@@ -1,10 +1,13 @@
 """Hugging Face checkpoints -> `TargetConfig` + the target parameter pytree.
 
-Supported: `LlamaForCausalLM` (Llama 2/3.x, SmolLM2), `Qwen2ForCausalLM` and
-`Qwen3ForCausalLM` saved as `model.safetensors` or sharded
-(`model.safetensors.index.json`) in fp32, fp16 or bf16. The layout produced is
-the one in docs/PARAMS.md: `[in, out]` weights, q/k/v fused into `wqkv`,
-gate/up fused into `w_gate_up`, layers stacked on a leading axis.
+Supported: `LlamaForCausalLM` (Llama 2/3.x, SmolLM2), `Qwen2ForCausalLM`,
+`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM` and `DeepseekV3ForCausalLM` (DeepSeek-V3,
+and Kimi K2, whose config says `model_type` "kimi_k2") saved as `model.safetensors`
+or sharded (`model.safetensors.index.json`) in fp32, fp16 or bf16. The layout
+produced is the one in docs/PARAMS.md: `[in, out]` weights, q/k/v fused into `wqkv`,
+gate/up fused into `w_gate_up`, layers stacked on a leading axis (one dict per layer
+for the MoE and MLA models, `TargetConfig.per_layer`: see `models/moe.py` and
+`models/mla.py` for their leaves).
 
 Loading is strict: a missing tensor, an unexpected tensor or a wrong shape
 raises `CheckpointError` naming the tensor; an unsupported configuration raises
@@ -23,7 +26,7 @@ from collections.abc import Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from eagle_jax.config import CheckpointError, ConfigError, RopeConfig, TargetConfig
+from eagle_jax.config import CheckpointError, ConfigError, MLAConfig, MoEConfig, RopeConfig, TargetConfig
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile
 
 __all__ = [
@@ -50,8 +53,18 @@ SUPPORTED_ARCHITECTURES: dict[str, dict] = {
     "Qwen3ForCausalLM": {"model_type": "qwen3", "max_position_embeddings": 32768,
                          "num_key_value_heads": 32, "head_dim": 128,
                          "bos_token_id": None, "eos_token_id": None},
+    "Qwen3MoeForCausalLM": {"model_type": "qwen3_moe", "max_position_embeddings": 32768,
+                            "num_key_value_heads": 4, "head_dim": None,
+                            "bos_token_id": None, "eos_token_id": None},
+    "DeepseekV3ForCausalLM": {"model_type": "deepseek_v3", "max_position_embeddings": 4096,
+                              "num_key_value_heads": None, "head_dim": None,
+                              "bos_token_id": 0, "eos_token_id": 1},
 }
+# Kimi K2's config.json names its own model_type for the DeepSeek-V3 architecture
+# (transformers' Kimi-K2.5 config and vLLM read it as deepseek_v3).
+_MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 _ARCH_BY_MODEL_TYPE = {v["model_type"]: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+_ARCH_BY_MODEL_TYPE.update({alias: _ARCH_BY_MODEL_TYPE[m] for alias, m in _MODEL_TYPE_ALIASES.items()})
 
 _SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -220,7 +233,7 @@ def target_config_from_hf(config_dict: Mapping, name_or_path: str = "") -> Targe
                               f"{', '.join(_ARCH_BY_MODEL_TYPE)}")
         arch = _ARCH_BY_MODEL_TYPE[model_type]
     spec = SUPPORTED_ARCHITECTURES[arch]
-    if model_type is not None and model_type != spec["model_type"]:
+    if model_type is not None and _MODEL_TYPE_ALIASES.get(model_type, model_type) != spec["model_type"]:
         raise ConfigError(f"config key 'model_type' = {model_type!r} contradicts architecture "
                           f"{arch!r} (expected {spec['model_type']!r})")
 
@@ -258,7 +271,8 @@ def target_config_from_hf(config_dict: Mapping, name_or_path: str = "") -> Targe
     heads = _positive_int(c, "num_attention_heads", _require(c, "num_attention_heads"))
     kv_heads = c.get("num_key_value_heads", spec["num_key_value_heads"])
     kv_heads = heads if kv_heads is None else _positive_int(c, "num_key_value_heads", kv_heads)
-    head_dim = c.get("head_dim", spec["head_dim"])
+    mla = _mla_config_from_hf(c, heads, kv_heads) if arch == "DeepseekV3ForCausalLM" else None
+    head_dim = mla.qk_rope_head_dim if mla is not None else c.get("head_dim", spec["head_dim"])
     if head_dim is None:
         if hidden % heads:
             raise ConfigError(f"config key 'head_dim' is missing and hidden_size ({hidden}) is "
@@ -270,11 +284,17 @@ def target_config_from_hf(config_dict: Mapping, name_or_path: str = "") -> Targe
     max_pos = c.get("max_position_embeddings", spec["max_position_embeddings"])
 
     attention_bias = bool(c.get("attention_bias", False))
+    if mla is not None and attention_bias:
+        raise ConfigError("config key 'attention_bias' = True is unsupported for DeepseekV3ForCausalLM "
+                          "(MLA projections without biases)")
     if arch == "Qwen2ForCausalLM":
         qkv_bias, o_bias = True, False
     else:
         qkv_bias = o_bias = attention_bias
     eps = c.get("rms_norm_eps", 1e-6)
+    num_layers = _positive_int(c, "num_hidden_layers", _require(c, "num_hidden_layers"))
+    moe = {"Qwen3MoeForCausalLM": _qwen3_moe_config_from_hf,
+           "DeepseekV3ForCausalLM": _deepseek_moe_config_from_hf}.get(arch, lambda c, n: None)(c, num_layers)
 
     bos = c.get("bos_token_id", spec["bos_token_id"])
     if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
@@ -284,7 +304,7 @@ def target_config_from_hf(config_dict: Mapping, name_or_path: str = "") -> Targe
             vocab_size=_positive_int(c, "vocab_size", _require(c, "vocab_size")),
             hidden_size=hidden,
             intermediate_size=_positive_int(c, "intermediate_size", _require(c, "intermediate_size")),
-            num_layers=_positive_int(c, "num_hidden_layers", _require(c, "num_hidden_layers")),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -294,17 +314,93 @@ def target_config_from_hf(config_dict: Mapping, name_or_path: str = "") -> Targe
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             architecture=arch,
             model_type=spec["model_type"],
             bos_token_id=bos,
             eos_token_ids=_token_ids("eos_token_id", c.get("eos_token_id", spec["eos_token_id"])),
             name_or_path=str(name_or_path or c.get("_name_or_path", "") or ""),
+            moe=moe,
+            mla=mla,
         )
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid config: {e}") from None
+
+
+def _flag(config: Mapping, key: str, default: bool) -> bool:
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _qwen3_moe_config_from_hf(c: Mapping, num_layers: int) -> MoEConfig:
+    """Qwen3-MoE's experts: softmax routing; layer i is sparse unless it is in
+    `mlp_only_layers` or (i + 1) is not a multiple of `decoder_sparse_step` (transformers'
+    Qwen3MoeDecoderLayer)."""
+    step = _positive_int(c, "decoder_sparse_step", c.get("decoder_sparse_step", 1))
+    dense = c.get("mlp_only_layers") or []
+    if not isinstance(dense, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ConfigError(f"config key 'mlp_only_layers' must be a list of layer ids, got {dense!r}")
+    # transformers 5 writes `num_experts` (the checkpoints' name) as `num_local_experts`
+    key = "num_experts" if c.get("num_local_experts") is None else "num_local_experts"
+    if c.get("num_experts") is not None and c.get(key) != c["num_experts"]:
+        raise ConfigError(f"config keys 'num_experts' ({c['num_experts']!r}) and 'num_local_experts' "
+                          f"({c['num_local_experts']!r}) differ")
+    return MoEConfig(
+        num_experts=_positive_int(c, key, _require(c, key)),
+        experts_per_token=_positive_int(c, "num_experts_per_tok", _require(c, "num_experts_per_tok")),
+        intermediate_size=_positive_int(c, "moe_intermediate_size", _require(c, "moe_intermediate_size")),
+        layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0),
+        scoring="softmax", norm_topk_prob=_flag(c, "norm_topk_prob", False))
+
+
+def _deepseek_moe_config_from_hf(c: Mapping, num_layers: int) -> MoEConfig:
+    """DeepSeek-V3's experts: sigmoid scores with the correction bias, grouped choice
+    ("noaux_tc"), shared experts; the first `first_k_dense_replace` layers dense."""
+    for key, value in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1)):
+        if c.get(key, value) != value:
+            raise ConfigError(f"config key {key!r} = {c[key]!r} is unsupported for DeepseekV3ForCausalLM "
+                              f"(only {value!r})")
+    first_dense = c.get("first_k_dense_replace")
+    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
+        raise ConfigError(f"config key 'first_k_dense_replace' must be a non-negative integer, got {first_dense!r}")
+    shared = c.get("n_shared_experts")
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise ConfigError(f"config key 'n_shared_experts' must be a non-negative integer, got {shared!r}")
+    return MoEConfig(
+        num_experts=_positive_int(c, "n_routed_experts", _require(c, "n_routed_experts")),
+        experts_per_token=_positive_int(c, "num_experts_per_tok", _require(c, "num_experts_per_tok")),
+        intermediate_size=_positive_int(c, "moe_intermediate_size", _require(c, "moe_intermediate_size")),
+        layers=tuple(range(first_dense, num_layers)),
+        scoring="sigmoid", norm_topk_prob=_flag(c, "norm_topk_prob", True),
+        routed_scaling_factor=_as_float("routed_scaling_factor", _require(c, "routed_scaling_factor")),
+        num_groups=_positive_int(c, "n_group", _require(c, "n_group")),
+        topk_groups=_positive_int(c, "topk_group", _require(c, "topk_group")),
+        num_shared_experts=shared)
+
+
+def _mla_config_from_hf(c: Mapping, heads: int, kv_heads: int) -> MLAConfig:
+    """DeepSeek-V3's multi-head latent attention (`q_lora_rank` must be named: null means
+    queries straight from the hidden state)."""
+    if kv_heads != heads:
+        raise ConfigError(f"config key 'num_key_value_heads' ({kv_heads}) must equal num_attention_heads "
+                          f"({heads}) for MLA")
+    if "q_lora_rank" not in c:
+        raise ConfigError("config key 'q_lora_rank' is missing (null: no query low-rank projection)")
+    q_lora = c["q_lora_rank"]
+    rope = {**(c.get("rope_scaling") or {}), **(c.get("rope_parameters") or {})}
+    mscale_all_dim = rope.get("mscale_all_dim") or 0.0
+    return MLAConfig(
+        kv_lora_rank=_positive_int(c, "kv_lora_rank", _require(c, "kv_lora_rank")),
+        q_lora_rank=None if q_lora is None else _positive_int(c, "q_lora_rank", q_lora),
+        qk_nope_head_dim=_positive_int(c, "qk_nope_head_dim", _require(c, "qk_nope_head_dim")),
+        qk_rope_head_dim=_positive_int(c, "qk_rope_head_dim", _require(c, "qk_rope_head_dim")),
+        v_head_dim=_positive_int(c, "v_head_dim", _require(c, "v_head_dim")),
+        mscale_all_dim=_as_float("rope_scaling.mscale_all_dim", mscale_all_dim),
+        rope_interleave=_flag(c, "rope_interleave", True))
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -317,6 +413,9 @@ def expected_hf_shapes(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
+        if cfg.per_layer:
+            shapes.update(_layer_shapes(cfg, i, p))
+            continue
         shapes[p + "input_layernorm.weight"] = (H,)
         shapes[p + "self_attn.q_proj.weight"] = (Q, H)
         shapes[p + "self_attn.k_proj.weight"] = (KV, H)
@@ -341,6 +440,52 @@ def expected_hf_shapes(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _layer_shapes(cfg: TargetConfig, i: int, p: str) -> dict[str, tuple[int, ...]]:
+    """Layer i's tensors (prefix `p`) in a MoE or MLA checkpoint, with their shapes."""
+    H, F = cfg.hidden_size, cfg.intermediate_size
+    shapes = {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)}
+    a = p + "self_attn."
+    if cfg.mla is None:
+        Q, KV, D = cfg.q_size, cfg.kv_size, cfg.head_dim
+        shapes.update({a + "q_proj.weight": (Q, H), a + "k_proj.weight": (KV, H), a + "v_proj.weight": (KV, H),
+                       a + "o_proj.weight": (H, Q)})
+        if cfg.qkv_bias:
+            shapes.update({a + "q_proj.bias": (Q,), a + "k_proj.bias": (KV,), a + "v_proj.bias": (KV,)})
+        if cfg.o_bias:
+            shapes[a + "o_proj.bias"] = (H,)
+        if cfg.qk_norm:
+            shapes.update({a + "q_norm.weight": (D,), a + "k_norm.weight": (D,)})
+    else:
+        m, heads = cfg.mla, cfg.num_heads
+        q = heads * m.qk_head_dim
+        if m.q_lora_rank is None:
+            shapes[a + "q_proj.weight"] = (q, H)
+        else:
+            shapes.update({a + "q_a_proj.weight": (m.q_lora_rank, H), a + "q_a_layernorm.weight": (m.q_lora_rank,),
+                           a + "q_b_proj.weight": (q, m.q_lora_rank)})
+        shapes.update({a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, H),
+                       a + "kv_a_layernorm.weight": (m.kv_lora_rank,),
+                       a + "kv_b_proj.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+                       a + "o_proj.weight": (H, heads * m.v_head_dim)})
+    mlp = p + "mlp."
+    moe = cfg.moe
+    if moe is None or i not in moe.layers:
+        return {**shapes, **_swiglu_shapes(mlp, H, F)}
+    shapes[mlp + "gate.weight"] = (moe.num_experts, H)
+    if moe.scoring == "sigmoid":
+        shapes[mlp + "gate.e_score_correction_bias"] = (moe.num_experts,)
+    for e in range(moe.num_experts):
+        shapes.update(_swiglu_shapes(f"{mlp}experts.{e}.", H, moe.intermediate_size))
+    if moe.num_shared_experts:
+        shapes.update(_swiglu_shapes(mlp + "shared_experts.", H, moe.shared_intermediate_size))
+    return shapes
+
+
+def _swiglu_shapes(p: str, hidden: int, width: int) -> dict[str, tuple[int, ...]]:
+    return {p + "gate_proj.weight": (width, hidden), p + "up_proj.weight": (width, hidden),
+            p + "down_proj.weight": (hidden, width)}
+
+
 def _listing(names, limit: int = 8) -> str:
     names = sorted(names, key=_natural_key)
     text = ", ".join(names[:limit])
@@ -352,13 +497,17 @@ def _natural_key(name: str):
 
 
 def params_from_hf_tensors(cfg: TargetConfig, tensors: Mapping, dtype="float32", *,
-                           source: str = "", shape_of: Callable[[str], tuple] | None = None) -> dict:
+                           source: str = "", shape_of: Callable[[str], tuple] | None = None,
+                           extra_layers: int = 0) -> dict:
     """Check a HF-named state dict against `cfg` and assemble the PARAMS.md pytree.
 
     `tensors` maps HF names to arrays in PyTorch `[out, in]` layout; it may be
     lazy (memory-mapped files, on-demand dequantisation): each tensor is read
     once. `shape_of(name)` gives a shape without reading the tensor, for the
-    up-front check; it defaults to `tensors[name].shape`.
+    up-front check; it defaults to `tensors[name].shape`. The tensors of
+    `extra_layers` layers past the last (DeepSeek-V3's multi-token-prediction
+    modules, `num_nextn_predict_layers`) are skipped, as transformers and vLLM
+    skip them for the main model.
     """
     dt = resolve_dtype(dtype)
     where = f" in {source}" if source else ""
@@ -370,8 +519,10 @@ def params_from_hf_tensors(cfg: TargetConfig, tensors: Mapping, dtype="float32",
     if missing:
         raise CheckpointError(f"missing tensor(s){where}: {_listing(missing)}")
     tied_head = cfg.tie_word_embeddings and "lm_head.weight" in present
+    skipped = tuple(f"model.layers.{cfg.num_layers + j}." for j in range(extra_layers))
     extra = [k for k in present - expected.keys()
-             if not _HARMLESS_EXTRA.search(k) and not (tied_head and k == "lm_head.weight")]
+             if not _HARMLESS_EXTRA.search(k) and not (tied_head and k == "lm_head.weight")
+             and not (skipped and k.startswith(skipped))]
     if extra:
         raise CheckpointError(f"unexpected tensor(s){where}: {_listing(extra)} "
                               f"(not used by {cfg.architecture} with this config)")
@@ -389,6 +540,8 @@ def params_from_hf_tensors(cfg: TargetConfig, tensors: Mapping, dtype="float32",
                 "tie_word_embeddings is true; set tie_word_embeddings to false in config.json "
                 "if the output projection is meant to be separate")
 
+    if cfg.per_layer:
+        return _per_layer_params(cfg, lambda name: np.asarray(tensors[name]), dt)
     L, H, F, D = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     Q, KV = cfg.q_size, cfg.kv_size
 
@@ -440,6 +593,66 @@ def params_from_hf_tensors(cfg: TargetConfig, tensors: Mapping, dtype="float32",
               "final_norm": jnp.asarray(get("model.norm.weight").astype(dt))}
     if not cfg.tie_word_embeddings:
         params["lm_head"] = jnp.asarray(get("lm_head.weight").T.astype(dt))
+    return params
+
+
+def _per_layer_params(cfg: TargetConfig, get: Callable[[str], np.ndarray], dt: np.dtype) -> dict:
+    """The PARAMS.md pytree of a MoE or MLA checkpoint (names checked): one dict per layer
+    (`models/moe.py`, `models/mla.py`); the router and its bias in float32."""
+
+    def t(name, dtype=dt):  # a [out, in] projection as [in, out]
+        return jnp.asarray(get(name).T.astype(dtype))
+
+    def v(name, dtype=dt):
+        return jnp.asarray(get(name).astype(dtype))
+
+    def cat(*names):  # projections side by side: [in, out1 + out2 + ...]
+        return jnp.asarray(np.concatenate([get(n).T for n in names], axis=1).astype(dt))
+
+    def experts(p, num, *projs):  # [E, in, out of each proj side by side]
+        return jnp.asarray(np.stack([np.concatenate([get(f"{p}experts.{e}.{x}.weight").T for x in projs], axis=1)
+                                     for e in range(num)]).astype(dt))
+
+    layers = {}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        layer = {"attn_norm": v(p + "input_layernorm.weight"), "mlp_norm": v(p + "post_attention_layernorm.weight")}
+        if cfg.mla is None:
+            layer["wqkv"] = cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+            if cfg.qkv_bias:
+                layer["bqkv"] = jnp.asarray(np.concatenate(
+                    [get(a + f"{x}_proj.bias") for x in "qkv"]).astype(dt))
+            if cfg.o_bias:
+                layer["bo"] = v(a + "o_proj.bias")
+            if cfg.qk_norm:
+                layer.update(q_norm=v(a + "q_norm.weight"), k_norm=v(a + "k_norm.weight"))
+        else:
+            q_a = "q_proj.weight" if cfg.mla.q_lora_rank is None else "q_a_proj.weight"
+            layer.update(wqkv_a=cat(a + q_a, a + "kv_a_proj_with_mqa.weight"),
+                         kv_a_norm=v(a + "kv_a_layernorm.weight"), wkv_b=t(a + "kv_b_proj.weight"))
+            if cfg.mla.q_lora_rank is not None:
+                layer.update(q_a_norm=v(a + "q_a_layernorm.weight"), wq_b=t(a + "q_b_proj.weight"))
+        layer["wo"] = t(a + "o_proj.weight")
+        mlp = p + "mlp."
+        moe = cfg.moe
+        if moe is None or i not in moe.layers:
+            layer.update(w_gate_up=cat(mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+                         w_down=t(mlp + "down_proj.weight"))
+        else:
+            layer.update(router=t(mlp + "gate.weight", np.float32),
+                         experts_gate_up=experts(mlp, moe.num_experts, "gate_proj", "up_proj"),
+                         experts_down=experts(mlp, moe.num_experts, "down_proj"))
+            if moe.scoring == "sigmoid":
+                layer["router_bias"] = v(mlp + "gate.e_score_correction_bias", np.float32)
+            if moe.num_shared_experts:
+                s = mlp + "shared_experts."
+                layer.update(shared_gate_up=cat(s + "gate_proj.weight", s + "up_proj.weight"),
+                             shared_down=t(s + "down_proj.weight"))
+        layers[i] = layer
+    params = {"embed": v("model.embed_tokens.weight"), "layers": layers, "final_norm": v("model.norm.weight")}
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = t("lm_head.weight")
     return params
 
 
@@ -542,5 +755,8 @@ def load_hf_directory(path: str | os.PathLike, dtype="float32") -> tuple[TargetC
         if eos:
             cfg = dataclasses.replace(cfg, eos_token_ids=tuple(dict.fromkeys(cfg.eos_token_ids + eos)))
     tensors = open_hf_safetensors(path)
-    params = params_from_hf_tensors(cfg, tensors, dtype, source=path, shape_of=tensors.shape)
+    mtp = (config.get("num_nextn_predict_layers") or 0) if cfg.mla is not None else 0
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
+        raise ConfigError(f"config key 'num_nextn_predict_layers' must be a non-negative integer, got {mtp!r}")
+    params = params_from_hf_tensors(cfg, tensors, dtype, source=path, shape_of=tensors.shape, extra_layers=mtp)
     return cfg, params

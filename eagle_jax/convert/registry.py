@@ -32,14 +32,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eagle_jax.config import ConfigError, RopeConfig, TargetConfig
+from eagle_jax.config import ConfigError, MLAConfig, MoEConfig, RopeConfig, TargetConfig
 from eagle_jax.convert.atomic import atomic_directory
 from eagle_jax.convert.hf import CheckpointError, load_hf_directory, resolve_dtype
 from eagle_jax.convert.safetensors_io import SafetensorsError, SafetensorsFile, save_safetensors
-from eagle_jax.models.target import Target
+from eagle_jax.models.moe import FLOAT32_PARAMS
+from eagle_jax.models.target import Target, init_params
 from eagle_jax.sharding import shard_model
 from eagle_jax.tokenizer import Tokenizer
 
@@ -155,12 +157,13 @@ def _flatten(tree, prefix=""):
 
 
 def _unflatten(flat: dict) -> dict:
+    """The inverse of `_flatten`; a layer index (`layers.3.wo`) becomes an int key."""
     tree: dict = {}
     for key, v in flat.items():
         node = tree
         *parents, leaf = key.split(".")
         for p in parents:
-            node = node.setdefault(p, {})
+            node = node.setdefault(int(p) if p.isdigit() else p, {})
         node[leaf] = v
     return tree
 
@@ -174,12 +177,22 @@ def _cfg_to_json(cfg: TargetConfig) -> dict:
 def _cfg_from_json(d: dict) -> TargetConfig:
     d = dict(d)
     rope = d.pop("rope", None) or {}
+    moe, mla = d.pop("moe", None), d.pop("mla", None)
     known = {f.name for f in dataclasses.fields(TargetConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ConfigError(f"unknown TargetConfig field(s) {unknown} in {MARKER}")
     d["eos_token_ids"] = tuple(d.get("eos_token_ids") or ())
-    return TargetConfig(rope=RopeConfig(**rope), **d)
+    return TargetConfig(rope=RopeConfig(**rope), moe=None if moe is None else MoEConfig(**{
+                            **moe, "layers": tuple(moe["layers"])}),
+                        mla=None if mla is None else MLAConfig(**mla), **d)
+
+
+def _cast(name: str, a: np.ndarray, dt) -> np.ndarray:
+    """Leaf `name` in dtype dt (None: as it is); a MoE router stays float32 (`moe.FLOAT32_PARAMS`)."""
+    if dt is None or a.dtype == dt or name.rsplit(".", 1)[-1] in FLOAT32_PARAMS:
+        return a
+    return a.astype(dt)
 
 
 def _write_converted(target: LoadedTarget, tmp: str, dtype=None) -> None:
@@ -187,7 +200,7 @@ def _write_converted(target: LoadedTarget, tmp: str, dtype=None) -> None:
     flat = {}
     for k, v in _flatten(target.params):
         a = np.asarray(v)
-        flat[k] = a.astype(dt) if dt is not None and a.dtype != dt else a
+        flat[k] = _cast(k, a, dt)
     dtypes = {a.dtype.name for a in flat.values()}
     save_safetensors(os.path.join(tmp, PARAMS_FILE), flat, metadata={"format": FORMAT_NAME})
     if target.tokenizer is not None:
@@ -241,7 +254,7 @@ def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedT
     flat = {}
     for k in st:
         a = st[k]
-        a = a if dt is None or a.dtype == dt else a.astype(dt)
+        a = _cast(k, a, dt)
         flat[k] = a if mesh is not None else jnp.asarray(a)
     params = _unflatten(flat)
     _check_tree(cfg, params, path)
@@ -254,6 +267,9 @@ def load_converted(path: str | os.PathLike, dtype=None, *, mesh=None) -> LoadedT
 
 def _check_tree(cfg: TargetConfig, params: dict, where: str) -> None:
     """Shapes of a converted pytree against PARAMS.md."""
+    if cfg.per_layer:  # the shapes `init_params` gives
+        want = {k: tuple(v.shape) for k, v in _flatten(jax.eval_shape(init_params, cfg, jax.random.key(0)))}
+        return _check_shapes(want, params, where)
     L, H, F, V, D = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     Q, KV = cfg.q_size, cfg.kv_size
     want = {"embed": (V, H), "final_norm": (H,), "layers.attn_norm": (L, H),
@@ -268,6 +284,10 @@ def _check_tree(cfg: TargetConfig, params: dict, where: str) -> None:
         want["layers.k_norm"] = (L, D)
     if not cfg.tie_word_embeddings:
         want["lm_head"] = (H, V)
+    _check_shapes(want, params, where)
+
+
+def _check_shapes(want: dict, params: dict, where: str) -> None:
     have = dict(_flatten(params))
     for k in sorted(set(want) - set(have)):
         raise CheckpointError(f"missing tensor in {where}: {k!r}, expected shape {list(want[k])}")

@@ -1,4 +1,6 @@
-"""The Llama-family target decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3).
+"""The Llama-family target decoder (Llama 2/3.x, SmolLM2, Qwen2, Qwen3), with sparse
+MoE MLP layers (Qwen3-MoE, DeepSeek-V3: `models.moe`) and multi-head latent attention
+(DeepSeek-V3, Kimi K2: `models.mla`, whose cache holds the compressed latents).
 
 `Target` is the model, a Flax NNX module whose parameters (docs/PARAMS.md)
 carry their logical axes; decoder layers are stacked on a leading axis and
@@ -7,7 +9,8 @@ One call serves prefill, decode and tree verification: it takes T new
 tokens per row with explicit positions and an optional mask among the new
 tokens, writes their K/V into the cache, and returns the final residual
 stream plus the hidden states entering the requested `aux_layers` (EAGLE's
-auxiliary features).
+auxiliary features). A MoE or MLA target (`TargetConfig.per_layer`: its layers
+differ in parameters) keeps one dict per layer and runs them unrolled.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from flax import nnx
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import LayerWeight, ops
+from eagle_jax.models import mla, moe
 from eagle_jax.models.layers import (attend_after_write, param_values,
                                      rotated_heads, set_params, swiglu_mlp)
 from eagle_jax.nn import rope_tables
@@ -35,10 +39,21 @@ LAYER_AXES: dict[str, tuple[str, ...]] = {
     "wo": ("layers", "q_heads", "embed"), "bo": ("layers", "embed"),
     "q_norm": ("layers", "head_dim"), "k_norm": ("layers", "head_dim"),
     "mlp_norm": ("layers", "embed"), "w_gate_up": ("layers", "embed", "ffw2"), "w_down": ("layers", "ffw", "embed"),
+    # MLA (models/mla.py)
+    "wqkv_a": ("layers", "embed", "mla_a"), "q_a_norm": ("layers", "q_lora"), "wq_b": ("layers", "q_lora", "mla_q"),
+    "kv_a_norm": ("layers", "kv_lora"), "wkv_b": ("layers", "kv_lora", "mla_kv"),
+    # MoE (models/moe.py)
+    "router": ("layers", "embed", "experts"), "router_bias": ("layers", "experts"),
+    "experts_gate_up": ("layers", "experts", "embed", "expert_ffw2"),
+    "experts_down": ("layers", "experts", "expert_ffw", "embed"),
+    "shared_gate_up": ("layers", "embed", "expert_ffw2"), "shared_down": ("layers", "expert_ffw", "embed"),
 }
 
 
 def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    """Per-head K/V [L, B, Hkv, S, D]; for MLA the latents and rope keys (`mla.create_cache`)."""
+    if cfg.mla is not None:
+        return mla.create_cache(cfg, batch, max_len, dtype)
     return KVCache.create(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
@@ -116,12 +131,18 @@ class TargetLayer(nnx.Module):
                 else jax.tree.map(lambda a: a[i], x) for name, x in values.items()}
 
     def __call__(self, cfg: TargetConfig, h, cos, sin, cache, i, new_mask, native, impl):
-        """Layer i: h [B,T,H] -> (h, cache with the layer's new K/V written)."""
+        """Layer i: h [B,T,H] -> (h, cache with the layer's new K/V written). i is a
+        Python int where `cfg.per_layer` (the layer's kind depends on it)."""
         p = self.weights(i)
-        qkv = ops.fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
-                                    bias=p.get("bqkv"), impl=impl)
-        attn, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native, impl)
-        h = ops.matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
+        if cfg.mla is not None:
+            h, cache = mla.mla_attention(p, cfg, h, cos, sin, cache, i, new_mask, impl=impl)
+        else:
+            qkv = ops.fused_norm_matmul(h, p["attn_norm"], p["wqkv"], eps=cfg.rms_norm_eps,
+                                        bias=p.get("bqkv"), impl=impl)
+            attn, cache = _attend(p, cfg, qkv, cos, sin, cache, i, new_mask, native, impl)
+            h = ops.matmul(attn.reshape(*h.shape[:2], -1), p["wo"], p.get("bo"), residual=h, impl=impl)
+        if cfg.moe is not None and i in cfg.moe.layers:
+            return moe.moe_mlp(p, cfg, h, impl=impl), cache
         h = swiglu_mlp(h, p["mlp_norm"], p["w_gate_up"], p["w_down"], eps=cfg.rms_norm_eps,
                        groups=cfg.fused_groups, impl=impl)
         return h, cache
@@ -161,6 +182,8 @@ class Target(nnx.Module):
             if sorted(layers) != list(range(cfg.num_layers)):
                 raise ValueError(f"per-layer params hold layers {sorted(layers)}, the config 0 .. {cfg.num_layers - 1}")
             self.layers = nnx.List([TargetLayer(layers[i], stacked=False) for i in range(cfg.num_layers)])
+        elif cfg.per_layer:
+            raise ValueError("a MoE or MLA target takes one parameter dict per layer, not stacked layers")
         else:
             self.layers = TargetLayer(layers, stacked=True)
         set_params(self, {name: x for name, x in params.items() if name != "layers"}, AXES)
@@ -181,6 +204,9 @@ class Target(nnx.Module):
         for layer_id in aux_layers:
             if not 0 <= layer_id < cfg.num_layers:
                 raise ValueError(f"aux layer {layer_id} outside [0, {cfg.num_layers})")
+        if cfg.mla is not None and ops.is_native(impl):
+            raise ValueError("an MLA target runs on the XLA or Pallas impls: the native CPU kernels "
+                             "take per-head K/V caches (pass impl='xla')")
         h = ops.embed(self.embed.get_value(), tokens, impl=impl)
         cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
         new_mask = causal_mask(b, t) if mask is None else mask
@@ -225,6 +251,8 @@ class Target(nnx.Module):
 
 def init_params(cfg: TargetConfig, key, dtype=jnp.float32, scale: float = 0.02):
     """Random parameters in the layout of docs/PARAMS.md (tests and tiny targets)."""
+    if cfg.per_layer:
+        return _init_per_layer(cfg, key, dtype, scale)
     h, f, l = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
     qkv = cfg.q_size + 2 * cfg.kv_size
     keys = iter(jax.random.split(key, 16))
@@ -245,6 +273,50 @@ def init_params(cfg: TargetConfig, key, dtype=jnp.float32, scale: float = 0.02):
         layers["q_norm"] = ones_ish(l, cfg.head_dim)
         layers["k_norm"] = ones_ish(l, cfg.head_dim)
     params = {"embed": w(cfg.vocab_size, h), "layers": layers, "final_norm": ones_ish(h)}
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = w(h, cfg.vocab_size)
+    return params
+
+
+def _init_per_layer(cfg: TargetConfig, key, dtype, scale: float):
+    """`init_params` of a MoE or MLA target: one dict per layer. The router's
+    correction bias is random too, so that it changes which experts are chosen."""
+    h, l = cfg.hidden_size, cfg.num_layers
+    keys = iter(jax.random.split(key, 16 * l + 4))
+
+    def w(*shape, dt=dtype, s=scale):
+        return (s * jax.random.normal(next(keys), shape)).astype(dt)
+
+    def ones_ish(*shape):
+        return (1.0 + 0.1 * jax.random.normal(next(keys), shape)).astype(dtype)
+
+    def layer(i):
+        p = {"attn_norm": ones_ish(h), "mlp_norm": ones_ish(h)}
+        if cfg.mla is None:
+            p.update(wqkv=w(h, cfg.q_size + 2 * cfg.kv_size), wo=w(cfg.q_size, h))
+            if cfg.qk_norm:
+                p.update(q_norm=ones_ish(cfg.head_dim), k_norm=ones_ish(cfg.head_dim))
+        else:
+            m, heads = cfg.mla, cfg.num_heads
+            q_a = m.q_lora_rank or heads * m.qk_head_dim
+            p.update(wqkv_a=w(h, q_a + m.kv_lora_rank + m.qk_rope_head_dim), kv_a_norm=ones_ish(m.kv_lora_rank),
+                     wkv_b=w(m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim)),
+                     wo=w(heads * m.v_head_dim, h))
+            if m.q_lora_rank is not None:
+                p.update(q_a_norm=ones_ish(q_a), wq_b=w(q_a, heads * m.qk_head_dim))
+        if cfg.moe is None or i not in cfg.moe.layers:
+            p.update(w_gate_up=w(h, 2 * cfg.intermediate_size), w_down=w(cfg.intermediate_size, h))
+            return p
+        e, f = cfg.moe.num_experts, cfg.moe.intermediate_size
+        p.update(router=w(h, e, dt=jnp.float32, s=1.0), experts_gate_up=w(e, h, 2 * f), experts_down=w(e, f, h))
+        if cfg.moe.scoring == "sigmoid":
+            p["router_bias"] = w(e, dt=jnp.float32, s=0.1)
+        if cfg.moe.num_shared_experts:
+            fs = cfg.moe.shared_intermediate_size
+            p.update(shared_gate_up=w(h, 2 * fs), shared_down=w(fs, h))
+        return p
+
+    params = {"embed": w(cfg.vocab_size, h), "layers": {i: layer(i) for i in range(l)}, "final_norm": ones_ish(h)}
     if not cfg.tie_word_embeddings:
         params["lm_head"] = w(h, cfg.vocab_size)
     return params
