@@ -69,9 +69,14 @@ class Generator:
                  mesh: MeshShape | None = None):
         self.mesh = None
         try:  # once: every loop config carries it (the Pallas kernels read the mesh `mesh_scope` sets)
-            impl = ops.resolve_on_devices(impl, mesh.devices if mesh is not None else 1)
+            resolved = ops.resolve_on_devices(impl, mesh.devices if mesh is not None else 1)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if target_cfg.mla is not None and resolved == "native":  # MLA's compressed cache (models/mla.py)
+            if impl != "auto":
+                raise ConfigError("an MLA target runs on the XLA or Pallas impls, not the native CPU kernels")
+            resolved = "xla"
+        impl = resolved
         if mesh is not None and mesh.devices > 1:
             self.mesh = make_mesh(mesh)
         # Per-layer weight buffers (an unrolled layer loop) by default on CPU,

@@ -130,6 +130,14 @@ def _speculate_at_every_batch_size(monkeypatch):
 # its cost. They are marked `slow` here, in one list, and run with `make test-slow` (with the
 # cases decorated `@pytest.mark.slow` in their files: meshes, two processes, server load).
 SLOW = {
+    # MoE / MLA targets: other configs of the paths the default tier's cases run
+    "tests/convert/test_moe_targets.py::test_decode_from_the_cache_equals_the_full_forward[kimi_k2]":
+        "[deepseek_v3]; kimi_k2's full forward in test_logits_equal_transformers[kimi_k2]",
+    "tests/convert/test_moe_targets.py::test_logits_equal_transformers[qwen3_moe_step2]": "[qwen3_moe]",
+    "tests/convert/test_moe_targets.py::test_decode_from_the_cache_equals_the_full_forward[qwen3_moe_step2]":
+        "[qwen3_moe]",
+    "tests/spec_decode/test_greedy_equivalence.py::test_moe_targets[qwen3_moe-chain]":
+        "[deepseek-tree]; Qwen3-MoE's forward and decode in tests/convert/test_moe_targets.py",
     # decoding properties, checked in the default tier by the variant named after each
     "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[tree]": "chain",
     "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[tree]":

@@ -4,7 +4,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from eagle_jax.config import DrafterConfig, TargetConfig
+from eagle_jax.config import DrafterConfig, MLAConfig, MoEConfig, RopeConfig, TargetConfig
 from eagle_jax.models import drafter, target
 
 
@@ -13,6 +13,28 @@ def tiny_target(vocab=8, qwen3=False, seed=0, scale=0.3, eos=()):
                        num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=512,
                        qk_norm=qwen3, architecture="Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLM",
                        model_type="qwen3" if qwen3 else "llama", eos_token_ids=tuple(eos))
+    return cfg, target.init_params(cfg, jax.random.PRNGKey(seed), scale=scale)
+
+
+def tiny_moe_target(kind, vocab=8, seed=0, scale=0.3):
+    """A tiny random MoE target: "deepseek" (MLA, YaRN, grouped sigmoid routing, a shared
+    expert, the first layer dense) or "qwen3_moe" (GQA with q/k norms, softmax routing,
+    layer 2 dense)."""
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_layers=4, num_heads=4,
+                  head_dim=8, max_position_embeddings=512)
+    if kind == "deepseek":
+        cfg = TargetConfig(**common, num_kv_heads=4, architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3",
+                           rope=RopeConfig(scaling_type="yarn", factor=4.0, original_max_position_embeddings=16),
+                           moe=MoEConfig(num_experts=8, experts_per_token=2, intermediate_size=16, layers=(1, 2, 3),
+                                         scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
+                                         num_groups=4, topk_groups=2, num_shared_experts=1),
+                           mla=MLAConfig(kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                                         v_head_dim=8, mscale_all_dim=1.0))
+    else:
+        cfg = TargetConfig(**common, num_kv_heads=2, qk_norm=True, architecture="Qwen3MoeForCausalLM",
+                           model_type="qwen3_moe",
+                           moe=MoEConfig(num_experts=8, experts_per_token=2, intermediate_size=16, layers=(0, 1, 3),
+                                         norm_topk_prob=True))
     return cfg, target.init_params(cfg, jax.random.PRNGKey(seed), scale=scale)
 
 

@@ -1,11 +1,12 @@
 """Greedy speculative decoding must reproduce plain greedy decoding token for token."""
 
+import jax
 import pytest
 
 from eagle_jax.config import SpecConfig
 from eagle_jax.generate import Generator
 
-from spec_helpers import random_prompts, smollm2_random_drafter, tiny_drafter, tiny_target
+from spec_helpers import random_prompts, smollm2_random_drafter, tiny_drafter, tiny_moe_target, tiny_target
 
 CHAIN = SpecConfig("chain", num_speculative_tokens=4)
 TREE = SpecConfig("tree", tree_top_k=3, tree_depth=4, tree_total_tokens=12)
@@ -30,6 +31,32 @@ def test_tiny_targets_batch_and_single(qwen3, variant, spec):
         assert spec_out.stats["accepted_tokens"] > 0
     single = gen.generate([prompts[2]], max_new_tokens=max_new[2])
     assert single.token_ids[0] == plain.token_ids[2]
+
+
+@pytest.mark.parametrize("kind,spec", [("deepseek", TREE), ("qwen3_moe", CHAIN)],
+                         ids=["deepseek-tree", "qwen3_moe-chain"])
+def test_moe_targets(kind, spec):
+    """An MLA + MoE target (its compressed cache written, compacted along the accepted tree
+    path and committed by the loop; on CPU the XLA impl) and a Qwen3-MoE target (the native
+    kernels where they load), each with a random EAGLE 3.1 drafter made for it by
+    train/initialize.py: greedy speculative decoding equals plain greedy decoding."""
+    import dataclasses
+
+    from eagle_jax.models.drafter import DraftVocab
+    from eagle_jax.train.config import TrainConfig
+    from eagle_jax.train.initialize import build_drafter_config, init_drafter_params
+
+    tcfg, tparams = tiny_moe_target(kind)
+    dcfg = build_drafter_config(tcfg, TrainConfig(variant="eagle3.1", draft_vocab_size=6))
+    vocab = DraftVocab.from_target_ids(jax.numpy.arange(6), tcfg.vocab_size)
+    dparams = init_drafter_params(dcfg, tcfg, tparams, vocab, jax.random.PRNGKey(1))
+    prompts = random_prompts(8, [13, 5])
+    max_new = [24, 17]
+    spec = dataclasses.replace(spec, disable_by_batch_size=None)
+    plain = Generator(tcfg, tparams).generate(prompts, max_new_tokens=max_new)
+    out = Generator(tcfg, tparams, drafter=(dcfg, dparams, vocab), spec=spec).generate(prompts, max_new_tokens=max_new)
+    assert out.token_ids == plain.token_ids
+    assert out.stats["accepted_tokens"] > 0
 
 
 @pytest.mark.parametrize("variant,spec,batch", [
