@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eagle_jax.config import ConfigError
+from eagle_jax.config import CheckpointError, ConfigError
 from eagle_jax.convert import load_hf_directory, load_target, target_config_from_hf
+from eagle_jax.convert.safetensors_io import SafetensorsFile, save_safetensors
 from eagle_jax.models import moe, target
 
 torch = pytest.importorskip("torch")
@@ -226,6 +228,33 @@ def test_converted_copy_loads_the_same(case, tmp_path):
     assert jax.tree.structure(again.params) == jax.tree.structure(case["params"])
     for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(case["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for loaded in (load_target(case["dir"], "bfloat16", cache_dir=str(tmp_path)),
+                   load_target(case["dir"], "bfloat16", cache_dir=str(tmp_path))):  # converted, then cached
+        layer = loaded.params["layers"][1]
+        assert layer["router"].dtype == layer["router_bias"].dtype == jnp.float32
+        assert layer["experts_gate_up"].dtype == layer["wqkv_a"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3"], indirect=True)
+def test_mtp_layers_are_skipped(case, tmp_path):
+    """DeepSeek-V3 checkpoints carry `num_nextn_predict_layers` multi-token-prediction
+    layers after the last one (model.layers.61 of V3): skipped as transformers and vLLM
+    skip them, and unexpected where the config names none."""
+    d = str(tmp_path / "mtp")
+    shutil.copytree(case["dir"], d)
+    path = os.path.join(d, "model.safetensors")
+    tensors = {k: np.array(v) for k, v in SafetensorsFile(path).items()}
+    layers = case["cfg"].num_layers
+    tensors[f"model.layers.{layers}.eh_proj.weight"] = np.zeros((4, 4), np.float32)
+    save_safetensors(path, tensors)
+    cfg, params = load_hf_directory(d)  # the saved config says num_nextn_predict_layers: 1
+    assert sorted(params["layers"]) == list(range(layers))
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({**config, "num_nextn_predict_layers": 0}, f)
+    with pytest.raises(CheckpointError, match=f"unexpected tensor.*model.layers.{layers}.eh_proj"):
+        load_hf_directory(d)
 
 
 DEEPSEEK_FIELDS = dict(
