@@ -266,6 +266,11 @@ class DrafterConfig(_AttentionShape):
       norm_before_fc        one RMSNorm over the concatenated features
       norm_before_residual  residual of the layer is hidden_norm(h) instead of h
       norm_output           feed back norm(h) instead of h (EAGLE 3.1)
+
+    `mask_token_id` (None: a sequential drafter) makes it a parallel drafter (P-EAGLE,
+    vLLM's `parallel_drafting`): one forward proposes a k-token chain, positions 2..k
+    fed the placeholder, i.e. the embedding row of this token id and the learned
+    `mask_hidden` [A*Ht] projected like target features (`models.drafter.draft_parallel`).
     """
 
     hidden_size: int
@@ -293,8 +298,12 @@ class DrafterConfig(_AttentionShape):
     sliding_window: int | None = None
     num_aux_states: int = 3  # only read while aux_layer_ids is ()
     fused_groups: int = 1  # see _AttentionShape
+    mask_token_id: int | None = None  # the P-EAGLE placeholder token; None: not a parallel drafter
 
     def __post_init__(self):
+        m = self.mask_token_id
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size):
+            raise ConfigError(f"mask_token_id must be a token id in [0, {self.vocab_size}), got {m!r}")
         if self.fc_norm and self.norm_before_fc:
             raise ConfigError(
                 "fc_norm and norm_before_fc are mutually exclusive: fc_norm normalises "
@@ -330,6 +339,11 @@ class DrafterConfig(_AttentionShape):
     @property
     def fc_in_size(self) -> int:
         return self.num_aux * self.target_hidden_size
+
+    @property
+    def parallel_drafting(self) -> bool:
+        """A P-EAGLE drafter: it has a placeholder (`mask_token_id`, `mask_hidden`)."""
+        return self.mask_token_id is not None
 
     @property
     def is_eagle31(self) -> bool:

@@ -15,6 +15,10 @@ carry their logical axes. A drafting step is split in two:
 The same step serves chain drafting (T = 1 per row), tree drafting (T
 frontier nodes with a tree `mask`) and the training-time-test unroll (a
 `slot_mask` over all cache slots).
+
+A parallel drafter (P-EAGLE, `DrafterConfig.mask_token_id` set) has one more
+parameter, `mask_hidden` [A*Ht], and `draft_parallel` proposes a whole chain in
+one forward: the real entries, then k - 1 placeholder slots.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from eagle_jax.sharding import RULES
 AXES: dict[str, tuple[str, ...]] = {
     "fc": ("aux", "embed"), "fc_norm": ("aux_states", "target_embed"), "input_norm": ("aux",),
     "norm": ("embed",), "lm_head": ("embed", "draft_vocab"), "embed": ("vocab", "embed"),
+    "mask_hidden": ("aux",),
 }
 LAYER_AXES: dict[str, tuple[str, ...]] = {
     "input_layernorm": ("embed",), "hidden_norm": ("embed",), "post_attention_layernorm": ("embed",),
@@ -223,6 +228,49 @@ class Drafter(nnx.Module):
         return logits, feedback, cache
 
 
+def draft_parallel(cfg: DrafterConfig, params: dict, vocab: DraftVocab, tokens, aux, cache: KVCache, k: int, *,
+                   num_new=None, embed=None, impl: str = "auto"):
+    """P-EAGLE: one drafter forward proposing a chain of k tokens (vLLM's parallel drafting).
+
+    tokens [B, T] int32 and aux [B, T, A*Ht] are new context entries as `Drafter.__call__`
+    pairs them (tokens[:, j] is the token after the position of aux[:, j]), at cache slots
+    and positions cache.lengths + j; num_new [B] int32 in [1, T] (default T) says how many
+    are real in each row. The last real one (column num_new - 1: the last accepted token
+    with the target's features of the position before it, the root of `spec_decode/tree.py`)
+    proposes token 1. After it come k - 1 placeholder slots at the next positions: token
+    `cfg.mask_token_id`, features `mask_hidden` (through the same norm and fc as target
+    features); slot i proposes token i + 1. The attention is plain causal attention over
+    the committed cache and the new slots, so a slot sees the context, the real entries and
+    the placeholders before it (vLLM's `PEagleSpeculator`). The cache needs
+    cache.lengths + T + k - 1 <= max_len slots.
+
+    Returns (tokens [B, k] int32 target ids of the greedy chain, its logits float32
+    [B, k, Vd], the cache with the T + k - 1 new K/V written from cache.lengths on, none
+    committed: the caller commits the num_new real entries; the placeholders' K/V are
+    scratch that the next roll-forward overwrites).
+    """
+    if not cfg.parallel_drafting:
+        raise ValueError("draft_parallel needs a parallel drafter (DrafterConfig.mask_token_id is None)")
+    if "mask_hidden" not in params:
+        raise ValueError("this parallel drafter's parameters have no mask_hidden")
+    if k < 1:
+        raise ValueError(f"a chain has k >= 1 tokens, got {k}")
+    b, t = tokens.shape
+    width = t + k - 1
+    n = jnp.full((b,), t, jnp.int32) if num_new is None else jnp.asarray(num_new, jnp.int32)
+    cols = jnp.arange(width, dtype=jnp.int32)[None]
+    real = cols < n[:, None]  # [B, W]; the rest are placeholders (those past n + k - 1 read by no one)
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, k - 1)] + [(0, 0)] * (x.ndim - 2))
+    model = Drafter(cfg, params)
+    feats = jnp.where(real[..., None], pad(aux), model.mask_hidden.get_value().astype(aux.dtype))
+    ids = jnp.where(real, pad(tokens), cfg.mask_token_id)
+    h, cache = model(ids, model.project_features(feats, impl=impl), cache.lengths[:, None] + cols, cache,
+                     embed=embed, impl=impl)
+    at = n[:, None] - 1 + jnp.arange(k, dtype=jnp.int32)[None]  # [B, k]: the root, then the placeholders
+    logits, _ = model.head(jnp.take_along_axis(h, at[..., None], axis=1), impl=impl)
+    return vocab.target_ids[ops.argmax(logits, impl=impl)], logits, cache
+
+
 def window_masks(slot_mask, new_mask, positions, window: int):
     """Restrict slot_mask [B, T, S] and new_mask [B, T, T] to keys at positions in
     (p - window, p] for a query at position p. Slot s is taken to hold position s,
@@ -267,4 +315,13 @@ def init_params(cfg: DrafterConfig, key, dtype=jnp.float32, scale: float = 0.02)
         params["input_norm"] = ones_ish(cfg.fc_in_size)
     if cfg.has_embedding:
         params["embed"] = w(cfg.vocab_size, h)
+    if cfg.parallel_drafting:
+        params["mask_hidden"] = init_mask_hidden(cfg, next(keys), dtype)
     return params
+
+
+def init_mask_hidden(cfg: DrafterConfig, key, dtype=jnp.float32) -> jax.Array:
+    """A fresh placeholder feature vector [A*Ht], normal(0, 1): unit RMS in every aux
+    slot, the scale `fc_norm` gives target features (a zero vector would put the
+    RMSNorms at their singular point)."""
+    return jax.random.normal(key, (cfg.fc_in_size,)).astype(dtype)
