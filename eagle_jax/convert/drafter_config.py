@@ -61,8 +61,19 @@ Rules decided here (README "Drafters"; the other converters agree):
   config without `layer_types` derives it as HF does from `use_sliding_window`
   and `max_window_layers`); the window is `sliding_window`. A `sliding_window`
   value without a sliding layer type is ignored, as every engine ignores it.
-* **norm_before_residual** defaults to True for speculators configs and False
-  for native/SpecForge configs (vLLM's defaults).
+* **norm_before_residual** defaults to True for speculators `eagle3` configs
+  and False for `peagle` and native/SpecForge configs (vLLM's defaults).
+* **Parallel drafters (P-EAGLE)** carry a placeholder token id, which sets
+  `DrafterConfig.mask_token_id`. A speculators config says
+  `speculators_model_type: "peagle"` with a required top-level `mask_token_id`
+  (vLLM's `update_peagle` copies it to `pard_token` and serves the drafter as
+  eagle3 with `parallel_drafting`). A native / SpecForge config names it
+  `pard_token` or `ptd_token_id` (what vLLM's proposer reads, served with
+  `"parallel_drafting": true`; newer vLLM also reads `mask_token_id`). Several
+  of these keys must agree; a placeholder key in a speculators `eagle3` config
+  is an error (vLLM would drop it). Writing, the speculators format repeats
+  `fc_norm` and `norm_output` inside `transformer_layer_config`, where vLLM's
+  `update_peagle` (which forwards neither) still finds them.
 * **Keys**: metadata in `IGNORED_METADATA_KEYS` is accepted and ignored; keys
   that change the computation are checked against the values the drafter
   implements (`_IMPLEMENTED_VALUES`); any other key of the top level, of
@@ -126,12 +137,17 @@ KNOWN_DRAFTER_KEYS = frozenset(FLAG_NAMES) | {
     "speculators_version",
     "speculators_config",
 }
+# The P-EAGLE placeholder token id, by the names vLLM reads (module docstring).
+PLACEHOLDER_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
+KNOWN_DRAFTER_KEYS = KNOWN_DRAFTER_KEYS | set(PLACEHOLDER_KEYS)
 # Published drafter configs carry these; no engine reads them to build the drafter.
 IGNORED_METADATA_KEYS = frozenset({
     "torch_dtype", "dtype", "transformers_version", "use_cache",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "attention_dropout",
     "pretraining_tp", "tie_word_embeddings", "embed_requires_grad",
     "target_model_type",  # AngelSlim, SpecForge: the target's family, informational
+    # speculators' P-EAGLE training settings (depths trained, COD sampling): no engine reads them
+    "para_depths", "down_sample_ratio", "down_sample_ratio_min", "max_anchors", "prediction_loss_weight",
 })
 _SGLANG_SEMANTICS = ("sglang", "specforge", "output")
 _VLLM_SEMANTICS = ("vllm", "safeailab", "speculators", "input")
@@ -150,7 +166,7 @@ _IMPLEMENTED_VALUES = {
     "is_causal": (True,),
     "attn_logit_softcapping": (),
 }
-_SUPPORTED_SPECULATORS_TYPES = ("eagle3",)
+_SUPPORTED_SPECULATORS_TYPES = ("eagle3", "peagle")
 # transformer_layer_config is a serialized LlamaConfig; transformers 4's
 # to_diff_dict drops values equal to these class defaults.
 _LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
@@ -466,8 +482,8 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         if not isinstance(spec, dict):
             raise ConfigError(f"speculators_config must be an object, got {spec!r}")
         algo = spec.get("algorithm")
-        if algo is not None and algo not in _SUPPORTED_SPECULATORS_TYPES:
-            raise ConfigError(f"speculators_config.algorithm {algo!r} is not eagle3")
+        if algo is not None and algo != mtype:
+            raise ConfigError(f"speculators_config.algorithm {algo!r} is not the speculators_model_type {mtype!r}")
         layer = {**{k: v for k, v in _LLAMA_DEFAULTS.items() if k != "vocab_size"}, **layer}
     else:
         layer, where, spec = top, "the config", {}
@@ -534,7 +550,9 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         raise ConfigError("fc_norm and norm_before_fc are both set; they are mutually exclusive "
                           "(fc_norm normalises each aux state, norm_before_fc the concatenation)")
     norm_output = _flag(top, layer, "norm_output", False)
-    norm_before_residual = _flag(top, layer, "norm_before_residual", fmt == "speculators")
+    mask_token_id = _placeholder(top, fmt)
+    norm_before_residual = _flag(top, layer, "norm_before_residual",
+                                 fmt == "speculators" and mask_token_id is None)
 
     aux, n_aux, reading = _aux_ids(top, fmt, target_cfg,
                                    aux_layer_semantics or _SEMANTICS_OVERRIDE.get())
@@ -560,7 +578,22 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         qkv_bias=attention_bias, o_bias=attention_bias, has_embedding=False,
         verifier_name_or_path=str(verifier_name or ""), verifier_architecture=str(verifier_arch),
         speculative_tokens=spec_tokens, sliding_window=_attention_window(layer, model_type, where),
-        num_aux_states=n_aux)
+        num_aux_states=n_aux, mask_token_id=mask_token_id)
+
+
+def _placeholder(top: dict, fmt: str) -> int | None:
+    """The P-EAGLE placeholder token id of a config, or None for a sequential drafter (module docstring)."""
+    found = {k: _int(top, k, "the config", default=None) for k in PLACEHOLDER_KEYS}
+    found = {k: v for k, v in found.items() if v is not None}
+    peagle = fmt == "speculators" and top.get("speculators_model_type") == "peagle"
+    if peagle and "mask_token_id" not in found:
+        raise ConfigError("a speculators peagle config needs mask_token_id (the placeholder token id)")
+    if fmt == "speculators" and not peagle and found:
+        raise ConfigError(f"{sorted(found)} in a speculators eagle3 config: a parallel drafter's config "
+                          "says speculators_model_type \"peagle\"")
+    if len(set(found.values())) > 1:
+        raise ConfigError(f"the placeholder token ids disagree: {found}")
+    return next(iter(found.values()), None)  # DrafterConfig checks it against the vocabulary
 
 
 # ----------------------------------------------------------------------------- export
@@ -604,7 +637,8 @@ def drafter_config_to_native(cfg: DrafterConfig, *, torch_dtype: str | None = No
     """A SafeAILab-style config.json dict (LlamaForCausalLM fields + drafter keys).
 
     Aux ids are written at the top level in the vLLM convention (input of layer
-    i), which is what vLLM and this package read from that location.
+    i), which is what vLLM and this package read from that location. A parallel
+    drafter's placeholder is `pard_token`, which every vLLM with parallel drafting reads.
     """
     d = _layer_dict(cfg, torch_dtype)
     d.update({
@@ -617,16 +651,24 @@ def drafter_config_to_native(cfg: DrafterConfig, *, torch_dtype: str | None = No
         "fc_norm": cfg.fc_norm,
         "norm_output": cfg.norm_output,
     })
+    if cfg.parallel_drafting:
+        d["pard_token"] = cfg.mask_token_id
     return d
 
 
 def drafter_config_to_speculators(cfg: DrafterConfig, *, torch_dtype: str | None = None) -> dict:
-    """A speculators-format config.json dict (`speculators_model_type: "eagle3"`)."""
+    """A speculators-format config.json dict: `speculators_model_type` "eagle3", or "peagle"
+    with `mask_token_id` for a parallel drafter (module docstring)."""
+    mtype = "peagle" if cfg.parallel_drafting else "eagle3"
+    layer = _layer_dict(cfg, torch_dtype)
+    if cfg.parallel_drafting:
+        layer.update(fc_norm=cfg.fc_norm, norm_output=cfg.norm_output)
     d: dict[str, Any] = {
-        "architectures": ["Eagle3DraftModel"],  # what speculators' save_pretrained writes
-        "speculators_model_type": "eagle3",
+        # what speculators' save_pretrained writes
+        "architectures": ["PEagleDraftModel" if cfg.parallel_drafting else "Eagle3DraftModel"],
+        "speculators_model_type": mtype,
         "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": _layer_dict(cfg, torch_dtype),
+        "transformer_layer_config": layer,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         **_aux_ids_entry(cfg),
@@ -634,8 +676,9 @@ def drafter_config_to_speculators(cfg: DrafterConfig, *, torch_dtype: str | None
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
         "norm_output": cfg.norm_output,
+        **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": mtype,
             "proposal_methods": [{"proposal_type": "greedy",
                                   "speculative_tokens": cfg.speculative_tokens}],
             "default_proposal_method": "greedy",

@@ -17,6 +17,9 @@ Checkpoint keys (EAGLE.md section 5; PyTorch Linear weights are [out, in]):
     embed_tokens.weight [V, H]         optional; sets has_embedding
     fc_norm.{i}.weight [Ht]            iff fc_norm
     input_norm.weight [A*Ht]           iff norm_before_fc
+    mask_hidden [1, A*Ht]              iff a parallel drafter (P-EAGLE, `mask_token_id`);
+                                       read in any shape of A*Ht elements and leading 1s
+                                       (speculators trains it as [1, 1, A*Ht]; vLLM views it flat)
 
 with {L} = `midlayer` (native, SpecForge) or `layers.0` (speculators); either
 prefix is accepted on load whatever the config dialect. Loading is strict:
@@ -105,6 +108,8 @@ def checkpoint_tensor_shapes(cfg: DrafterConfig, layer_prefix: str = "layers.0",
             req[f"fc_norm.{i}.weight"] = ((ht,), "[target_hidden_size]")
     if cfg.norm_before_fc:
         req["input_norm.weight"] = ((a * ht,), "[num_aux * target_hidden_size]")
+    if cfg.parallel_drafting:
+        req["mask_hidden"] = ((1, a * ht), "[1, num_aux * target_hidden_size]")
     opt: dict[str, tuple[tuple[int, ...], str]] = {
         "d2t": ((vd,), "[draft_vocab_size]"),
         "t2d": ((v,), "[vocab_size]"),
@@ -274,6 +279,9 @@ def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtyp
             hints.append("input_norm.weight but the config has norm_before_fc false")
         if any(k.endswith(".bias") for k in extra):
             hints.append("bias tensors but the config has attention_bias false")
+        if "mask_hidden" in extra:
+            hints.append("mask_hidden (a parallel drafter's) but the config names no placeholder token "
+                         "(speculators_model_type peagle with mask_token_id, or pard_token)")
         if any(k.startswith(("layers.", "midlayer.")) and not k.startswith(prefix + ".") for k in extra):
             hints.append("tensors of a second decoder layer (num_hidden_layers must be 1)")
         raise CheckpointError(f"unexpected key(s) {extra} in the drafter checkpoint"
@@ -282,6 +290,8 @@ def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtyp
         shape, desc = req.get(key) or opt[key]
         if key in ("d2t", "t2d"):
             continue  # checked by validate_vocab with a vocabulary-specific message
+        if key == "mask_hidden" and arr.size == shape[-1] and set(arr.shape[:-1]) <= {1}:
+            continue  # any number of leading 1s
         if tuple(arr.shape) != shape:
             raise CheckpointError(f"{key} has shape {list(arr.shape)}, expected {list(shape)} {desc}")
     vocab = validate_vocab(tensors.get("d2t"), tensors.get("t2d"), cfg)
@@ -315,6 +325,8 @@ def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtyp
         params["input_norm"] = vec("input_norm.weight")
     if cfg.has_embedding:
         params["embed"] = vec("embed_tokens.weight")
+    if cfg.parallel_drafting:
+        params["mask_hidden"] = vec("mask_hidden").reshape(-1)
     if mesh is None:
         return cfg, jax.tree.map(jnp.asarray, params), vocab
     cfg, params = shard_model(Drafter, cfg, params, mesh)
@@ -409,6 +421,8 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
         out["input_norm.weight"] = _np(params["input_norm"], dtype)
     if cfg.has_embedding:
         out["embed_tokens.weight"] = _np(params["embed"], dtype)
+    if cfg.parallel_drafting:
+        out["mask_hidden"] = _np(np.asarray(params["mask_hidden"]).reshape(1, -1), dtype)
     d2t, t2d = _np(vocab.d2t, np.int64), _np(vocab.t2d, np.bool_)
     validate_vocab(d2t, t2d, cfg)
     identity = cfg.draft_vocab_size == cfg.vocab_size and not d2t.any()
