@@ -40,6 +40,15 @@ length ``n``; the target's aux features ``a_p`` and draft-vocab logits
   :func:`unroll` (used for training) computes the same thing without the
   dense masks: one causal [T, T] score block against the step-0 keys plus
   ``i`` per-position dot products against the diagonal keys.
+* Parallel drafter (P-EAGLE, ``dcfg.mask_token_id`` set): steps ``i >= 1`` feed
+  the placeholder instead (token ``mask_token_id``, hidden
+  ``project_features(mask_hidden)``, no feedback), at the same RoPE position
+  ``t + i``, under the same mask, against the same target ``z_{t+1+i}``: what
+  ``models.drafter.draft_parallel`` computes for a chain rooted at ``t`` (step ``i``
+  at ``t`` is its slot ``i``; the P-EAGLE training mask, "depth-0 keys of anchors
+  <= mine, and my anchor's keys of depths <= mine", is this mask). Every anchor
+  trains every depth (speculators' COD sampling would keep a shrinking share of
+  anchors per depth, to save memory on long sequences).
 * Loss: ``sum_i 0.8**i * loss_i`` with ``loss_i`` the weighted mean over
   positions of ``-sum_v p_v log softmax(draft)_v``, ``p`` the restricted
   target distribution (``labels="soft"``, EAGLE-3's choice) or the one-hot of
@@ -129,7 +138,7 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
     k0 = v0 = None
     dk, dv, out = [], [], []
     for i in range(num_steps):
-        tokens = shift_left(input_ids, 1 + i)
+        tokens = _step_tokens(dcfg, input_ids, i)
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + i, (b, t))
 
         def attend(qkv, cos, sin, i=i):
@@ -139,7 +148,8 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
             return _ttt_attention(q, k0, v0, mask0, dk + [k], dv + [v]), (k, v)
 
         h, (k, v) = model.layer_forward(tokens, hidden, positions, attend, embed=embed, impl=impl)
-        logits, hidden = model.head(h, impl=impl)
+        logits, feedback = model.head(h, impl=impl)
+        hidden = _next_hidden(model, feedback, impl)
         if i == 0:
             k0, v0 = k, v
         else:
@@ -147,6 +157,21 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
             dv.append(v)
         out.append(logits)
     return out
+
+
+def _step_tokens(dcfg: DrafterConfig, input_ids, i: int) -> jax.Array:
+    """[B, T] input tokens of step i: x_{t+1+i}, or the placeholder at steps >= 1 of a parallel drafter."""
+    if i == 0 or not dcfg.parallel_drafting:
+        return shift_left(input_ids, 1 + i)
+    return jnp.full_like(input_ids, dcfg.mask_token_id)
+
+
+def _next_hidden(model: drafter.Drafter, feedback, impl: str) -> jax.Array:
+    """The hidden input of the next step [B, T, H]: the feedback, or a parallel drafter's placeholder."""
+    if not model.cfg.parallel_drafting:
+        return feedback
+    mask = model.mask_hidden.get_value().astype(feedback.dtype)
+    return jnp.broadcast_to(model.project_features(mask[None, None], impl=impl), feedback.shape)
 
 
 def _check_length(num_steps: int, t: int) -> None:
@@ -206,7 +231,7 @@ def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, length
     kv_shape = (1, b, dcfg.num_kv_heads, t, dcfg.head_dim)
     ks, vs, out = [], [], []
     for i in range(num_steps):
-        tokens = shift_left(input_ids, 1 + i)
+        tokens = _step_tokens(dcfg, input_ids, i)
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + i, (b, t))
         free = jnp.zeros(kv_shape, dtype)
         cache = KVCache(k=jnp.concatenate(ks + [free], axis=3), v=jnp.concatenate(vs + [free], axis=3),
@@ -214,8 +239,9 @@ def unroll_reference(dparams, dcfg: DrafterConfig, embed, aux, input_ids, length
         slot_mask, mask = step_masks(valid, i)
         if i == 0:  # an all-False constant: keep XLA from constant-folding the masked scores
             slot_mask = jax.lax.optimization_barrier(slot_mask)
-        logits, hidden, cache = model.step(tokens, hidden, positions, cache, embed=embed, mask=mask,
-                                           slot_mask=slot_mask, impl=impl)
+        logits, feedback, cache = model.step(tokens, hidden, positions, cache, embed=embed, mask=mask,
+                                             slot_mask=slot_mask, impl=impl)
+        hidden = _next_hidden(model, feedback, impl)
         ks.append(cache.k[:, :, :, i * t:])
         vs.append(cache.v[:, :, :, i * t:])
         out.append(logits)
