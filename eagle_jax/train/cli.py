@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--ttt-length", type=int)
+    p.add_argument("--parallel-drafting", type=int, metavar="K",
+                   help="train a parallel drafter (P-EAGLE) proposing K tokens in one forward (ttt_length K)")
+    p.add_argument("--mask-token-id", type=int, help="a parallel drafter's placeholder token id (default 0)")
     p.add_argument("--labels", choices=["soft", "hard"],
                    help="soft: the target's distribution over the draft vocab (default); hard: its argmax")
     p.add_argument("--draft-vocab-size", type=int)
@@ -81,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "resume_from", "export_state",
               "learning_curve", "steps", "lr", "ttt_length", "labels",
               "draft_vocab_size", "batch_size", "seq_len", "output_dir", "resume", "eval_every",
-              "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress", "mesh", "fsdp")
+              "eval_prompts", "eval_max_new_tokens", "save_every", "dtype", "progress", "mesh", "fsdp",
+              "mask_token_id")
 
 
 def load_config(args) -> "TrainConfig":
@@ -106,6 +110,11 @@ def load_config(args) -> "TrainConfig":
         v = getattr(args, key, None)
         if v is not None:
             d[key] = v
+    k = getattr(args, "parallel_drafting", None)
+    if k is not None:
+        if getattr(args, "ttt_length", None) not in (None, k):
+            raise ConfigError(f"--parallel-drafting {k} and --ttt-length {args.ttt_length}: K is the TTT length")
+        d.update(parallel_drafting=True, ttt_length=k)
     for item in getattr(args, "overrides", None) or []:
         if "=" not in item:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")

@@ -9,6 +9,12 @@ than 2**-8 of a weight, i.e. most updates at lr 1e-4). ``target_dtype``
 overrides ``dtype`` for the target pass alone (the features reach the drafter
 cast to ``dtype``): on a Xeon with AMX the bf16 feature pass took 2.35 s against
 6.14 in float32, a whole step 6.38 against 10.83 (benchmarks/train_step.py).
+
+``parallel_drafting`` trains a parallel drafter (P-EAGLE, `DrafterConfig.mask_token_id`):
+``ttt_length`` is then the K tokens one forward proposes, steps 1..K-1 fed the placeholder
+token ``mask_token_id`` (its embedding is the target's, frozen) and the learned
+``mask_hidden`` (train/ttt.py). P-EAGLE weighs its depths equally: ``step_decay: 1.0``.
+Starting from a sequential drafter (``init_from``) adds a fresh ``mask_hidden``.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class TrainConfig:
     num_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    parallel_drafting: bool = False  # a P-EAGLE drafter: ttt_length = the K tokens of one forward
+    mask_token_id: int = 0  # its placeholder token (a parallel drafter's)
     init_from: str | None = None  # a drafter checkpoint dir to start from (its weights and draft vocab)
     resume_from: str | None = None  # a training state dir (train/state.py): its drafter, cursor, counts
     # optimisation
@@ -180,6 +188,11 @@ class TrainConfig:
                 raise ConfigError(f"batch_size {self.batch_size} must be a multiple of the mesh's data axis ({data})")
         elif self.fsdp:
             raise ConfigError("fsdp shards the drafter over a mesh's data axis: give a mesh too")
+        if not isinstance(self.mask_token_id, int) or isinstance(self.mask_token_id, bool) or self.mask_token_id < 0:
+            raise ConfigError(f"mask_token_id must be a token id, got {self.mask_token_id!r}")
+        if self.parallel_drafting and self.learning_curve:
+            raise ConfigError("learning_curve measures through the engine, which drafts sequentially: "
+                              "not with parallel_drafting")
         if (self.export_state or self.learning_curve) and not self.export:
             raise ConfigError("export_state and learning_curve need export: true (they use the exported drafter)")
         return self

@@ -23,6 +23,9 @@ units whose down-projection rows are zero, so the function is unchanged).
 ``resume_from`` (a committed training state, train/state.py) starts from the
 state's drafter the same way (`init_source`). The embedding is the target's
 ``embed``: it is no parameter of the drafter (``has_embedding`` stays False).
+A parallel drafter (``parallel_drafting``) started from a sequential one gets a
+fresh ``mask_hidden`` (``drafter.init_mask_hidden``); every other weight is the
+sequential drafter's, so its first proposed token is exactly that drafter's.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def build_drafter_config(tcfg: TargetConfig, cfg: TrainConfig) -> DrafterConfig:
         max_position_embeddings=tcfg.max_position_embeddings,
         verifier_name_or_path=tcfg.name_or_path or cfg.target,
         verifier_architecture=tcfg.architecture,
-        speculative_tokens=cfg.eval_k,
+        speculative_tokens=cfg.ttt_length if cfg.parallel_drafting else cfg.eval_k,
+        mask_token_id=cfg.mask_token_id if cfg.parallel_drafting else None,
         **VARIANTS[cfg.variant],
     )
 
@@ -88,11 +92,12 @@ _INIT_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_s
 
 
 def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: TargetConfig,
-                      dtype=jnp.float32) -> tuple[dict, drafter.DraftVocab]:
+                      dtype=jnp.float32, key=None) -> tuple[dict, drafter.DraftVocab]:
     """(params in `dtype`, draft vocab) of the drafter at `path`; ConfigError if it is not `dcfg`'s shape.
 
     Its draft vocabulary and its MLP may be smaller than `dcfg`'s: the run then widens them
-    (`widen_lm_head`, `widen_mlp`)."""
+    (`widen_lm_head`, `widen_mlp`). A sequential drafter started as a parallel one (`dcfg`
+    has a `mask_token_id`) gets a fresh `mask_hidden` from `key`."""
     from eagle_jax.convert.drafter_formats import load_drafter
 
     lcfg, params, vocab = load_drafter(path, tcfg, dtype=jnp.float32)
@@ -110,6 +115,13 @@ def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: Target
     if lcfg.has_embedding:
         raise ConfigError(f"init_from {path}: the drafter carries its own embedding; training here "
                           "uses the target's (frozen) embedding")
+    if lcfg.parallel_drafting and lcfg.mask_token_id != dcfg.mask_token_id:
+        raise ConfigError(f"init_from {path}: its placeholder token is {lcfg.mask_token_id} "
+                          f"(config: {dcfg.mask_token_id if dcfg.parallel_drafting else 'not a parallel drafter'})")
+    if dcfg.parallel_drafting and not lcfg.parallel_drafting:
+        if key is None:
+            raise ValueError("a parallel drafter started from a sequential one needs a key for its mask_hidden")
+        params = dict(params, mask_hidden=drafter.init_mask_hidden(dcfg, key))
     return jax.tree.map(lambda x: jnp.array(x, dtype, copy=True), params), vocab
 
 

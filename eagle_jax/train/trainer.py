@@ -81,14 +81,15 @@ def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterCon
 _JIT_CACHE: dict = {}
 
 # Settings whose change makes a resumed run differ from the uninterrupted one.
-_RESUME_KEYS = ("variant", "draft_vocab_size", "intermediate_size", "batch_size", "seq_len", "bucket_lengths",
-                "ttt_length",
+_RESUME_KEYS = ("variant", "parallel_drafting", "mask_token_id", "draft_vocab_size", "intermediate_size", "batch_size",
+                "seq_len", "bucket_lengths", "ttt_length",
                 "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2",
                 "grad_clip", "dtype", "target_dtype", "param_dtype", "seed", "data", "max_conversations", "target",
                 "steps", "init_from", "resume_from")
 # The settings a learning-curve point and a training state record.
-_RECORDED_KEYS = ("target", "variant", "draft_vocab_size", "intermediate_size", "ttt_length", "step_decay",
-                  "labels", "lr", "warmup_steps", "min_lr_ratio", "steps", "batch_size", "seq_len", "bucket_lengths",
+_RECORDED_KEYS = ("target", "variant", "parallel_drafting", "mask_token_id", "draft_vocab_size", "intermediate_size",
+                  "ttt_length", "step_decay", "labels", "lr", "warmup_steps", "min_lr_ratio", "steps", "batch_size",
+                  "seq_len", "bucket_lengths",
                   "dtype", "target_dtype", "param_dtype", "seed", "data", "max_conversations", "heldout_fraction",
                   "init_from", "resume_from", "output_dir")
 
@@ -113,6 +114,11 @@ class Trainer:
         self.examples = train_examples
         self.vocab = vocab
         self.eval_prompts = [list(p) for p in eval_prompts][: cfg.eval_prompts]
+        if cfg.parallel_drafting and self.eval_prompts:
+            # the engine drafts sequentially; a parallel drafter is measured teacher-forced
+            # (benchmarks/teacher_forced.py: per-position accuracy and the greedy chain's tau)
+            print("[train] parallel drafting: no evaluation through the engine", file=sys.stderr)
+            self.eval_prompts = []
         self.tokenizer = tokenizer
         self.data_info = dict(data_info or {})
         self.pad_id = pad_id
@@ -184,7 +190,8 @@ class Trainer:
         key, sub = jax.random.split(key)
         source = init_source(self.cfg)
         if source:
-            params, vocab = load_init_drafter(source, self.dcfg, self.tcfg, self.param_dtype)
+            params, vocab = load_init_drafter(source, self.dcfg, self.tcfg, self.param_dtype,
+                                              key=jax.random.fold_in(sub, 2))
             self.widened = len(vocab.target_ids) < len(self.vocab.target_ids)
             if self.widened:
                 params = widen_lm_head(params, vocab, self.vocab, self.tcfg, self.tparams)
