@@ -92,12 +92,12 @@ _INIT_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_s
 
 
 def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: TargetConfig,
-                      dtype=jnp.float32, key=None) -> tuple[dict, drafter.DraftVocab]:
+                      dtype=jnp.float32) -> tuple[dict, drafter.DraftVocab]:
     """(params in `dtype`, draft vocab) of the drafter at `path`; ConfigError if it is not `dcfg`'s shape.
 
     Its draft vocabulary and its MLP may be smaller than `dcfg`'s: the run then widens them
-    (`widen_lm_head`, `widen_mlp`). A sequential drafter started as a parallel one (`dcfg`
-    has a `mask_token_id`) gets a fresh `mask_hidden` from `key`."""
+    (`widen_lm_head`, `widen_mlp`); a sequential drafter started as a parallel one has no
+    `mask_hidden` yet (the run adds one, `drafter.init_mask_hidden`)."""
     from eagle_jax.convert.drafter_formats import load_drafter
 
     lcfg, params, vocab = load_drafter(path, tcfg, dtype=jnp.float32)
@@ -118,10 +118,6 @@ def load_init_drafter(path: str | os.PathLike, dcfg: DrafterConfig, tcfg: Target
     if lcfg.parallel_drafting and lcfg.mask_token_id != dcfg.mask_token_id:
         raise ConfigError(f"init_from {path}: its placeholder token is {lcfg.mask_token_id} "
                           f"(config: {dcfg.mask_token_id if dcfg.parallel_drafting else 'not a parallel drafter'})")
-    if dcfg.parallel_drafting and not lcfg.parallel_drafting:
-        if key is None:
-            raise ValueError("a parallel drafter started from a sequential one needs a key for its mask_hidden")
-        params = dict(params, mask_hidden=drafter.init_mask_hidden(dcfg, key))
     return jax.tree.map(lambda x: jnp.array(x, dtype, copy=True), params), vocab
 
 

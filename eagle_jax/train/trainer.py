@@ -190,8 +190,10 @@ class Trainer:
         key, sub = jax.random.split(key)
         source = init_source(self.cfg)
         if source:
-            params, vocab = load_init_drafter(source, self.dcfg, self.tcfg, self.param_dtype,
-                                              key=jax.random.fold_in(sub, 2))
+            params, vocab = load_init_drafter(source, self.dcfg, self.tcfg, self.param_dtype)
+            if self.dcfg.parallel_drafting and "mask_hidden" not in params:  # from a sequential drafter
+                params["mask_hidden"] = drafter.init_mask_hidden(self.dcfg, jax.random.fold_in(sub, 2),
+                                                                 self.param_dtype)
             self.widened = len(vocab.target_ids) < len(self.vocab.target_ids)
             if self.widened:
                 params = widen_lm_head(params, vocab, self.vocab, self.tcfg, self.tparams)
