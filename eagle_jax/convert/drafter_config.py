@@ -73,7 +73,8 @@ Rules decided here (README "Drafters"; the other converters agree):
   of these keys must agree; a placeholder key in a speculators `eagle3` config
   is an error (vLLM would drop it). Writing, the speculators format repeats
   `fc_norm` and `norm_output` inside `transformer_layer_config`, where vLLM's
-  `update_peagle` (which forwards neither) still finds them.
+  `update_peagle` (which forwards neither) still finds them; `mask_hidden` is
+  written [1, 1, A*Ht], the shape speculators' model loads (vLLM views it flat).
 * **Keys**: metadata in `IGNORED_METADATA_KEYS` is accepted and ignored; keys
   that change the computation are checked against the values the drafter
   implements (`_IMPLEMENTED_VALUES`); any other key of the top level, of

@@ -17,9 +17,10 @@ Checkpoint keys (EAGLE.md section 5; PyTorch Linear weights are [out, in]):
     embed_tokens.weight [V, H]         optional; sets has_embedding
     fc_norm.{i}.weight [Ht]            iff fc_norm
     input_norm.weight [A*Ht]           iff norm_before_fc
-    mask_hidden [1, A*Ht]              iff a parallel drafter (P-EAGLE, `mask_token_id`);
-                                       read in any shape of A*Ht elements and leading 1s
-                                       (speculators trains it as [1, 1, A*Ht]; vLLM views it flat)
+    mask_hidden [1, 1, A*Ht]           iff a parallel drafter (P-EAGLE, `mask_token_id`):
+                                       speculators' parameter shape (vLLM views it as
+                                       [1, A*Ht]); read in any shape of A*Ht elements
+                                       and leading 1s
 
 with {L} = `midlayer` (native, SpecForge) or `layers.0` (speculators); either
 prefix is accepted on load whatever the config dialect. Loading is strict:
@@ -109,7 +110,7 @@ def checkpoint_tensor_shapes(cfg: DrafterConfig, layer_prefix: str = "layers.0",
     if cfg.norm_before_fc:
         req["input_norm.weight"] = ((a * ht,), "[num_aux * target_hidden_size]")
     if cfg.parallel_drafting:
-        req["mask_hidden"] = ((1, a * ht), "[1, num_aux * target_hidden_size]")
+        req["mask_hidden"] = ((1, 1, a * ht), "[1, 1, num_aux * target_hidden_size]")
     opt: dict[str, tuple[tuple[int, ...], str]] = {
         "d2t": ((vd,), "[draft_vocab_size]"),
         "t2d": ((v,), "[vocab_size]"),
@@ -422,7 +423,7 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
     if cfg.has_embedding:
         out["embed_tokens.weight"] = _np(params["embed"], dtype)
     if cfg.parallel_drafting:
-        out["mask_hidden"] = _np(np.asarray(params["mask_hidden"]).reshape(1, -1), dtype)
+        out["mask_hidden"] = _np(np.asarray(params["mask_hidden"]).reshape(1, 1, -1), dtype)
     d2t, t2d = _np(vocab.d2t, np.int64), _np(vocab.t2d, np.bool_)
     validate_vocab(d2t, t2d, cfg)
     identity = cfg.draft_vocab_size == cfg.vocab_size and not d2t.any()

@@ -30,3 +30,21 @@ def test_same_text_same_accuracy_in_both_sets(smollm2_target, tmp_path):
     for s, v in zip(r["train"]["strict"], r["train"]["in_vocab"]):
         assert 0.0 <= s <= v <= 1.0
     assert r["train"]["strict"][0] > 0.1  # a trained drafter predicts the target's own text
+
+
+def test_chain_tau_by_hand():
+    """k = 3; one answer at [4, 10): the root x_4 is the target's; step 1 rooted at t = 3 accepts
+    x_5, x_6 (hits of steps 0, 1 at t = 3), misses x_7 and emits the target's x_7; step 2 rooted at
+    t = 6 has x_8, x_9 left: accepts both and stops at the answer's end. A second answer at [12, 14)
+    with no hits takes one step per token."""
+    import numpy as np
+
+    hits = np.zeros((3, 16), bool)
+    hits[0, 3] = hits[1, 3] = True
+    hits[0, 6] = hits[1, 6] = hits[2, 6] = True
+    hits[:, 4] = hits[:, 5] = True  # inside an accepted span: no chain is rooted there
+    mask = np.zeros(16, np.int32)
+    mask[4:10] = 1
+    mask[12:14] = 1
+    assert tf.chain_tau(hits, mask) == (5 + 1, 2 + 1)
+    assert tf.chain_tau(np.zeros((3, 16), bool), mask) == (6, 6)

@@ -184,3 +184,61 @@ def write_gguf(model, path: str, arch: str, *, extra: dict | None = None, drop: 
 def gguf_writer():
     pytest.importorskip("gguf")
     return write_gguf
+
+
+_TRAINING_ONLY_MODULES = ("openai", "openai.types", "openai.types.chat", "openai.types.completion",
+                          "datasets", "hs_connectors")
+
+
+def _import_speculators_models():
+    """Import speculators' model code (`speculators.models`: Eagle3DraftModel, PEagleDraftModel
+    and their configs). Its package __init__ also imports training-data helpers (openai,
+    datasets, hs_connectors) that the models never use; those are stubbed only while
+    importing, when they are not installed."""
+    import importlib
+    import sys
+    import types
+
+    def stub(name):
+        m = types.ModuleType(name)
+        m.__path__ = []
+
+        def getattr_(attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return type(attr, (), {})
+
+        m.__getattr__ = getattr_
+        return m
+
+    added = []
+    for name in _TRAINING_ONLY_MODULES:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            sys.modules[name] = stub(name)
+            added.append(name)
+    try:
+        return importlib.import_module("speculators.models")
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def speculators_models():
+    """vllm-project/speculators' `speculators.models`; a skip outside CI when absent or broken
+    (scripts/setup.sh installs it: `pip install --no-deps speculators==0.9.0`)."""
+    import importlib.util
+    import os
+
+    try:
+        if importlib.util.find_spec("speculators") is None:
+            raise ImportError("speculators is not installed (scripts/setup.sh installs it)")
+        return _import_speculators_models()
+    except Exception as e:  # noqa: BLE001 - report any import failure the same way
+        if os.environ.get("CI"):
+            pytest.fail(f"speculators must import under CI: {type(e).__name__}: {e}")
+        pytest.skip(f"speculators' models do not import here: {type(e).__name__}: {e}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -575,68 +574,17 @@ def test_config_export_round_trips():
 
 # ----------------------------------------------------------------------------- speculators package
 
-_TRAINING_ONLY_MODULES = ("openai", "openai.types", "openai.types.chat", "openai.types.completion",
-                          "datasets", "hs_connectors")
-
-
-def _import_speculators_eagle3():
-    """Import speculators' Eagle3 model code. Its package __init__ also imports
-    training-data helpers (openai, datasets, hs_connectors) that the model never
-    uses; those are stubbed only while importing, when they are not installed."""
-    import importlib
-    import types
-
-    def stub(name):
-        m = types.ModuleType(name)
-        m.__path__ = []
-
-        def getattr_(attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return type(attr, (), {})
-
-        m.__getattr__ = getattr_
-        return m
-
-    added = []
-    for name in _TRAINING_ONLY_MODULES:
-        if name in sys.modules:
-            continue
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            sys.modules[name] = stub(name)
-            added.append(name)
-    try:
-        from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    finally:
-        for name in added:
-            sys.modules.pop(name, None)
-    return Eagle3DraftModel, Eagle3SpeculatorConfig
-
-
-def _speculators_or_skip():
-    """speculators' (Eagle3DraftModel, Eagle3SpeculatorConfig); a skip outside CI when absent."""
-    try:
-        if importlib.util.find_spec("speculators") is None:
-            raise ImportError("speculators is not installed (scripts/setup.sh installs it)")
-        return _import_speculators_eagle3()
-    except Exception as e:  # noqa: BLE001 - report any import failure the same way
-        if os.environ.get("CI"):
-            pytest.fail(f"speculators must import under CI: {type(e).__name__}: {e}")
-        pytest.skip(f"speculators' Eagle3 model does not import here: {type(e).__name__}: {e}")
-
-
 @pytest.mark.parametrize("variant", ["eagle3", "eagle31", "norm_before_fc", "norm_before_residual",
                                      "small_vocab"])
-def test_speculators_package_agrees(tmp_path, variant):
+def test_speculators_package_agrees(tmp_path, variant, speculators_models):
     """vllm-project/speculators' own Eagle3 model loads our speculators export
     (its pydantic config + strict key check) and its TTT forward (2 steps)
     matches the torch reference; its step 0 matches the JAX drafter.
     scripts/setup.sh installs it (`pip install --no-deps speculators==0.9.0`: it pins
     an older transformers, so it is not a project dependency); under CI (`CI` set) a
     missing or broken install fails, elsewhere it skips."""
-    Eagle3DraftModel, Eagle3SpeculatorConfig = _speculators_or_skip()
+    Eagle3DraftModel, Eagle3SpeculatorConfig = (speculators_models.Eagle3DraftModel,
+                                                 speculators_models.Eagle3SpeculatorConfig)
     ref, save_kw, target_cfg, aux, tokens, embed = _build(variant, seed=11)
     ref.save_native(tmp_path / "src", **save_kw)
     cfg, params, vocab = load_drafter(tmp_path / "src", target_cfg)
@@ -670,14 +618,15 @@ def test_speculators_package_agrees(tmp_path, variant):
     assert rel(jax_step0, theirs[0]) < 1e-5
 
 
-def test_speculators_package_agrees_on_sliding_window(tmp_path):
+def test_speculators_package_agrees_on_sliding_window(tmp_path, speculators_models):
     """speculators' own model, built from our export of a sliding-window drafter
     (`layer_types: ["sliding_attention"]`), computes the JAX drafter's step 0 over
     more positions than the window."""
     from eagle_jax.config import DrafterConfig
     from eagle_jax.models.drafter import DraftVocab, init_params
 
-    Eagle3DraftModel, Eagle3SpeculatorConfig = _speculators_or_skip()
+    Eagle3DraftModel, Eagle3SpeculatorConfig = (speculators_models.Eagle3DraftModel,
+                                                 speculators_models.Eagle3SpeculatorConfig)
     cfg = DrafterConfig(hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8,
                         vocab_size=60, draft_vocab_size=60, target_hidden_size=32,
                         aux_layer_ids=(1, 2, 3), rope=RopeConfig(theta=10000.0), sliding_window=3)

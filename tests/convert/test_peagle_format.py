@@ -40,7 +40,8 @@ def test_round_trip(tmp_path, fmt):
     assert got_cfg == (cfg if fmt == "speculators" else cfg.replace(speculative_tokens=3))  # native: no K stored
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got_params, params)
     np.testing.assert_array_equal(np.asarray(got_vocab.d2t), np.asarray(vocab.d2t))
-    assert load_drafter_tensors(tmp_path / "d")["mask_hidden"].shape == (1, cfg.fc_in_size)  # vLLM's buffer
+    assert load_drafter_tensors(tmp_path / "d")["mask_hidden"].shape == (1, 1, cfg.fc_in_size)  # speculators'
+
 
 
 def test_speculators_config_is_what_vllm_reads(tmp_path):
@@ -81,11 +82,11 @@ def test_native_placeholder_names(tmp_path):
 
 
 def test_speculators_mask_hidden_shape_is_read(tmp_path):
-    """speculators trains mask_hidden as [1, 1, A*Ht]; a flat [A*Ht] loads too."""
+    """mask_hidden as vLLM's buffer [1, A*Ht] or flat [A*Ht] loads too."""
     cfg, params, vocab = _drafter()
     save_drafter(tmp_path / "d", cfg, params, vocab)
     tensors = _copied(tmp_path / "d")
-    for shape in [(1, 1, cfg.fc_in_size), (cfg.fc_in_size,)]:
+    for shape in [(1, cfg.fc_in_size), (cfg.fc_in_size,)]:
         save_safetensors(tmp_path / "d" / "model.safetensors",
                          {**tensors, "mask_hidden": tensors["mask_hidden"].reshape(shape)})
         _, got, _ = load_drafter(tmp_path / "d", TARGET)
@@ -125,7 +126,7 @@ BAD = {
     "mask_hidden missing": ("speculators", dict(tensors=lambda t: t.pop("mask_hidden")),
                             CheckpointError, "mask_hidden"),
     "mask_hidden of the wrong size": ("speculators", dict(tensors=lambda t: t.update(
-        mask_hidden=t["mask_hidden"][:, :-1])), CheckpointError, "mask_hidden has shape"),
+        mask_hidden=t["mask_hidden"][..., :-1])), CheckpointError, "mask_hidden has shape"),
     "mask_hidden without a placeholder": ("native", dict(config=lambda c: c.pop("pard_token")),
                                           CheckpointError, "names no placeholder token"),
     "fc_norm disagrees with transformer_layer_config": ("speculators", dict(
@@ -142,3 +143,48 @@ def test_bad_checkpoints_say_why(tmp_path, case):
     with pytest.raises(error, match=re.escape(message)) as info:
         load_drafter(tmp_path / "d", TARGET)
     assert "\n" not in str(info.value)
+
+
+def test_speculators_peagle_model_agrees(tmp_path, speculators_models, monkeypatch):
+    """vllm-project/speculators' own PEagleDraftModel loads our peagle export (its pydantic
+    config, its parameter shapes) and its training forward, over every anchor at every depth
+    (COD sampling replaced by the full set), gives the logits of our parallel TTT unroll."""
+    import torch
+
+    from eagle_jax.train import ttt
+
+    cfg, params, vocab = _drafter()
+    save_drafter(tmp_path / "d", cfg, params, vocab)
+    conf = speculators_models.PEagleSpeculatorConfig.from_pretrained(str(tmp_path / "d"))
+    assert conf.mask_token_id == MASK and (conf.fc_norm, conf.norm_output) == (True, True)
+    conf.transformer_layer_config._attn_implementation = "eager"  # no flex attention on CPU
+    model = speculators_models.PEagleDraftModel(conf).eval()
+    state = {k: torch.from_numpy(np.array(v)) for k, v in load_drafter_tensors(tmp_path / "d").items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert unexpected == [] and set(missing) <= {"embed_tokens.weight", "verifier_lm_head.weight",
+                                                 "verifier_norm.weight"}
+    t, depths = 10, 4
+    rng = np.random.default_rng(3)
+    aux = rng.standard_normal((t, cfg.fc_in_size)).astype(np.float32)
+    ids = rng.integers(0, V, t)
+    embed = rng.standard_normal((V, cfg.hidden_size)).astype(np.float32)
+    # speculators' batch is shifted: its input_ids[a] is the token after hidden_states[a]
+    anchors = [(a, d) for d in range(depths) for a in range(t - 1 - d)]
+    import speculators.models.peagle.core as core
+
+    monkeypatch.setattr(core, "generate_cod_sample_indices", lambda **kw: (
+        torch.tensor([a for a, _ in anchors]), torch.tensor([d for _, d in anchors])))
+    monkeypatch.setattr(core, "compute_metrics", lambda **kw: (torch.zeros(()), {}))  # its loss needs Triton
+    caught = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: caught.append(o.detach().clone()))
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(torch.from_numpy(embed))
+        model(hidden_states=torch.from_numpy(aux[None, :-1]), input_ids=torch.from_numpy(ids[None, 1:]),
+              document_ids=torch.zeros(1, t - 1, dtype=torch.long), num_depths=depths,
+              verifier_last_hidden_states=torch.zeros(1, t - 1, cfg.hidden_size))
+    hook.remove()
+    theirs = caught[0][0].numpy()  # [elements, Vd]
+    ours = ttt.unroll(params, cfg, embed, aux[None], ids[None].astype(np.int32), np.array([t], np.int32), depths,
+                      impl="xla")
+    want = np.stack([np.asarray(ours[d][0, a]) for a, d in anchors])
+    assert np.linalg.norm(theirs - want) / np.linalg.norm(want) < 1e-5
