@@ -598,27 +598,29 @@ def test_target_dtype_runs_the_target_pass_alone_in_bfloat16(setup, tmp_path):
 
 
 def test_parallel_drafting_from_a_sequential_drafter(setup, tmp_path):
-    """parallel_drafting (P-EAGLE) from an exported EAGLE 3.1 drafter: its weights plus a fresh
+    """parallel_drafting (P-EAGLE) from a saved EAGLE 3.1 drafter: its weights plus a fresh
     mask_hidden, so step 0 (the first proposed token) is exactly the sequential drafter's; a few
     steps lower the loss on a fixed batch; the export is a speculators peagle checkpoint."""
-    from eagle_jax.convert.drafter_formats import load_drafter
+    from eagle_jax.convert.drafter_formats import load_drafter, save_drafter
     from eagle_jax.train import ttt
+    from eagle_jax.train.initialize import build_drafter_config, init_drafter_params
     from eagle_jax.train.step import iter_batches
     from eagle_jax.train.trainer import Trainer
 
     tparams, train, vocab = setup
-    first = Trainer(small_cfg(tmp_path / "a", steps=4, variant="eagle3.1", export=True, export_dtype="float32"),
-                    TCFG, tparams, train, vocab)
-    first.run()
+    seq_cfg = build_drafter_config(TCFG, small_cfg(tmp_path / "a", variant="eagle3.1"))
+    seq_params = init_drafter_params(seq_cfg, TCFG, tparams, vocab, jax.random.PRNGKey(7))
+    save_drafter(tmp_path / "a" / "drafter", seq_cfg, seq_params, vocab)
+    seq_params = jax.tree.map(np.asarray, seq_params)
     cfg = small_cfg(tmp_path / "b", steps=12, variant="eagle3.1", init_from=str(tmp_path / "a" / "drafter"),
                     parallel_drafting=True, mask_token_id=5, ttt_length=4, step_decay=1.0, lr=1e-2, export=True,
                     export_dtype="float32")
     tr = Trainer(cfg, TCFG, tparams, train, vocab)
     assert tr.dcfg.mask_token_id == 5 and tr.dcfg.speculative_tokens == 4
     start = jax.tree.map(np.asarray, tr.init_state()["params"])
-    assert set(start) == set(_params(first)) | {"mask_hidden"}
+    assert set(start) == set(seq_params) | {"mask_hidden"}
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b),
-                 {k: v for k, v in start.items() if k != "mask_hidden"}, _params(first))
+                 {k: v for k, v in start.items() if k != "mask_hidden"}, seq_params)
 
     feats = tr.batch_features(next(iter_batches(train, 4, 64, seed=99)))
     embed = jnp.asarray(tparams["embed"])
@@ -632,7 +634,7 @@ def test_parallel_drafting_from_a_sequential_drafter(setup, tmp_path):
                                                      feats["loss_mask"], step_decay=1.0)[0])(forward(tr.dcfg, params)))
 
     np.testing.assert_array_equal(np.asarray(forward(tr.dcfg, start)[0]),
-                                  np.asarray(forward(first.dcfg, _params(first))[0]))
+                                  np.asarray(forward(seq_cfg, seq_params)[0]))
     before = loss(start)
     tr.run()
     after = loss(tr.state["params"])
