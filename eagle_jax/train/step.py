@@ -79,10 +79,10 @@ def make_train_step(dcfg: DrafterConfig, tx, *, ttt_length: int, step_decay: flo
 
 def iter_batches(examples: Sequence[Mapping], batch_size: int, seq_len: int, *, seed: int = 0,
                  start: int = 0, bucket_lengths: Sequence[int] | None = None,
-                 pad_id: int = 0) -> Iterator[dict]:
-    """Endless ``data.batches`` from the global batch cursor ``start``; an
-    error (not silence) when the examples cannot fill one batch."""
+                 pad_id: int = 0, rows: slice | None = None) -> Iterator[dict]:
+    """Endless ``data.batches`` from the global batch cursor ``start`` (of each batch, only
+    ``rows`` when given); an error (not silence) when the examples cannot fill one batch."""
     if data_lib.num_batches(len(examples), batch_size, True) == 0:
         raise ValueError(f"{len(examples)} training examples cannot fill one batch of {batch_size}")
     return data_lib.batches(examples, batch_size, seq_len, seed=seed, start=start, epochs=None,
-                            bucket_lengths=bucket_lengths, pad_id=pad_id)
+                            bucket_lengths=bucket_lengths, pad_id=pad_id, rows=rows)

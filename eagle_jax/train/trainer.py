@@ -35,6 +35,7 @@ from typing import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
@@ -52,6 +53,18 @@ from eagle_jax.train.step import iter_batches, make_optimizer, make_train_step, 
 __all__ = ["Trainer", "evaluate_acceptance"]
 
 # ----------------------------------------------------------------------------- evaluation
+
+def _local_rows(mesh, batch_size: int) -> slice:
+    """The rows of a [batch_size, ...] batch split over `mesh`'s data axis that this process's
+    devices hold (one contiguous range: a process holds whole data shards)."""
+    held = NamedSharding(mesh, PartitionSpec("data")).addressable_devices_indices_map((batch_size,))
+    starts = sorted({(ix[0].start or 0, ix[0].stop or batch_size) for ix in held.values()})
+    first, last = starts[0][0], starts[-1][1]
+    if sum(b - a for a, b in starts) != last - first:
+        raise ConfigError(f"this process holds rows {starts} of the batch: not one range (the mesh's data axis "
+                          "must give each process whole, adjacent shards)")
+    return slice(first, last)
+
 
 def evaluate_acceptance(tcfg: TargetConfig, tparams, tokenizer, dcfg: DrafterConfig, dparams,
                         vocab, prompts: Sequence[Sequence[int]], *, k: int = 5,
@@ -109,6 +122,14 @@ class Trainer:
         self.mesh = make_mesh(self.mesh_shape) if self.mesh_shape and self.mesh_shape.devices > 1 else None
         if self.mesh is not None:
             target_cfg, target_params = shard_model(target.Target, target_cfg, target_params, self.mesh)
+        # Several processes (one per host, `runtime.initialize_distributed`): each builds only the
+        # batch rows its devices hold; process 0 alone writes the log, exports and the model card.
+        self.lead = jax.process_index() == 0
+        self.local_rows = _local_rows(self.mesh, cfg.batch_size) if jax.process_count() > 1 else None
+        if self.local_rows is not None and (cfg.feature_cache or cfg.learning_curve):
+            raise ConfigError("a multi-process run keeps no feature cache and measures no learning curve: "
+                              "drop feature_cache / --learning-curve (measure the exported drafter afterwards: "
+                              "eagle-jax bench --suite learning-curve)")
         self.tcfg = target_cfg
         self.tparams = target_params
         self.examples = train_examples
@@ -220,10 +241,14 @@ class Trainer:
         return state if self.state_sharding is None else jax.device_put(state, self.state_sharding)
 
     def _rows(self, x) -> jax.Array:
-        """A batch array on the device(s): on a mesh split over the data axis by rows."""
+        """A batch array on the device(s): on a mesh split over the data axis by rows (with several
+        processes, `x` holds this process's rows, `self.local_rows`, of the global batch)."""
         if self.mesh is None:
             return jnp.asarray(x)
-        return jax.device_put(x, NamedSharding(self.mesh, PartitionSpec("data")))
+        rows = NamedSharding(self.mesh, PartitionSpec("data"))
+        if self.local_rows is None:
+            return jax.device_put(x, rows)
+        return jax.make_array_from_process_local_data(rows, np.asarray(x), (self.cfg.batch_size, *x.shape[1:]))
 
     @property
     def ckpt_dir(self) -> Path:
@@ -242,6 +267,8 @@ class Trainer:
 
     # -------------------------------------------------------------- logging
     def _log(self, rec: dict) -> None:
+        if not self.lead:
+            return
         with open(self.log_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
@@ -280,7 +307,8 @@ class Trainer:
         rec = {"type": "eval", "step": step, **rec}
         self._log(rec)
         try:
-            plot_curves(self.log_path, self.out / "training_curves.png")
+            if self.lead:
+                plot_curves(self.log_path, self.out / "training_curves.png")
         except Exception as e:  # a plot must never stop training
             print(f"[train] plot failed: {e}", file=sys.stderr)
         return rec
@@ -328,9 +356,9 @@ class Trainer:
         if cfg.eval_at_start and step == 0 and end > 0:
             evals.append(self.evaluate(state["params"], 0))
         batches = iter_batches(self.examples, cfg.batch_size, cfg.seq_len, seed=cfg.seed, start=start,
-                               bucket_lengths=cfg.bucket_lengths, pad_id=self.pad_id)
+                               bucket_lengths=cfg.bucket_lengths, pad_id=self.pad_id, rows=self.local_rows)
         bar = None
-        if cfg.progress:
+        if cfg.progress and self.lead:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, desc="train", file=sys.stderr)
@@ -351,8 +379,8 @@ class Trainer:
             dt = time.perf_counter() - t0
             cursor = batch["index"] + 1
             step += 1
-            ntok = int(np.prod(batch["input_ids"].shape))
-            nreal = int(batch["lengths"].sum())
+            ntok = cfg.batch_size * int(batch["input_ids"].shape[1])  # the whole batch's, on every process
+            nreal = batch["real_tokens"]
             positions += ntok
             if compile_s is None:
                 compile_s = dt
@@ -395,6 +423,9 @@ class Trainer:
         if step >= cfg.steps:
             final_eval = self.evaluate(state["params"], step) if self.eval_prompts else None
             summary["eval"] = final_eval
+            params = state["params"] if self.local_rows is None else multihost_utils.process_allgather(
+                state["params"], tiled=True)  # whole on every process (a collective: all take part)
+        if step >= cfg.steps and self.lead:
             summary["start_eval"] = next((e for e in evals if e and e["step"] == 0), None) or next(
                 (r for r in read_log(self.log_path) if r.get("type") == "eval" and r.get("step") == 0), None)
             try:
@@ -402,7 +433,7 @@ class Trainer:
             except Exception as e:
                 print(f"[train] plot failed: {e}", file=sys.stderr)
             if cfg.export:
-                summary["export"] = str(self.export(state["params"]))
+                summary["export"] = str(self.export(params))
             self.write_model_card(summary)
             training = self.training_record(step, positions, cursor)
             if cfg.export_state:

@@ -123,6 +123,36 @@ def test_training_on_meshes_follows_the_single_device_curve(tmp_path):
     np.testing.assert_allclose(resumed["loss"], ref["loss"], rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_training_in_two_processes_follows_the_one_process_curve(tmp_path):
+    """Two processes of 4 CPU devices train on one 2x4 mesh (and with FSDP), each building only its
+    rows of every batch: the single-process run's losses; checkpointed by both processes after 2
+    steps on 2x4 and resumed on 4x2 in two processes, the same curve."""
+    one = subprocess.run([sys.executable, TRAIN_SCRIPT, str(tmp_path / "one")], capture_output=True, text=True,
+                         timeout=1200)
+    assert one.returncode == 0, one.stderr[-3000:]
+    ref = json.loads(one.stdout.strip().splitlines()[-1])["reference"]
+    address = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, TRAIN_SCRIPT, str(tmp_path / "two"), "--join", address, "2", str(i),
+                               "2x4", "4x2", "2x4:fsdp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    results = {r["process"]: r for r in (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)}
+    lead = results[0]
+    for mesh in ("2x4", "4x2", "2x4:fsdp"):
+        np.testing.assert_allclose(lead["meshes"][mesh]["loss"], ref["loss"], rtol=1e-5, err_msg=mesh)
+        np.testing.assert_allclose(lead["meshes"][mesh]["grad_norm"], ref["grad_norm"], rtol=1e-5, err_msg=mesh)
+    assert lead["resumed"]["resumes"] == [2]
+    np.testing.assert_allclose(lead["resumed"]["loss"], ref["loss"], rtol=1e-5)
+    assert results[1]["meshes"]["2x4"]["loss"] == []  # process 0 alone writes the log
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,6 +4,11 @@ mesh given, the per-step losses and gradient norms; then a run checkpointed on t
 and resumed on the second. Prints one JSON object.
 
     python tests/mesh/train_on_mesh.py OUT_DIR 2x4 8x1 [2x4:fsdp]
+
+With `--join HOST:PORT N I` (after OUT_DIR) it is process I of N, the 8 devices split between
+the processes (`eagle_jax.runtime.initialize_distributed`): it trains on the meshes only (the
+reference comes from one process), each process building only its rows of each batch, the
+checkpoints written by every process into the one OUT_DIR.
 """
 
 from __future__ import annotations
@@ -13,9 +18,17 @@ import os
 import sys
 
 out, meshes = sys.argv[1], sys.argv[2:]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+join = None
+if meshes[:1] == ["--join"]:
+    join, meshes = (meshes[1], int(meshes[2]), int(meshes[3])), meshes[4:]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // (join[1] if join else 1)}"
 
 import jax  # noqa: E402
+
+if join:
+    from eagle_jax.runtime import initialize_distributed  # noqa: E402
+
+    initialize_distributed(*join)
 import numpy as np  # noqa: E402
 
 from eagle_jax.config import TargetConfig  # noqa: E402
@@ -61,11 +74,11 @@ def run(name, mesh, steps=STEPS, resume=False, stop_after=None):
                       dtype="float32", num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=96)
     tr = Trainer(cfg, TCFG, params, train, vocab)
     tr.run(stop_after=stop_after)
-    log = [json.loads(line) for line in open(tr.log_path)]
+    log = [json.loads(line) for line in open(tr.log_path)] if tr.lead else []  # process 0 writes it
     shardings = {str(getattr(x.sharding, "spec", "one device")) for x in jax.tree.leaves(tr.state["params"])}
     moved = {}
     if tr.mesh is not None:  # the collectives of the compiled feature pass and train step
-        batch = next(iter_batches(train, 8, 64, seed=0))
+        batch = next(iter_batches(train, 8, 64, seed=0, rows=tr.local_rows))
         with jax.set_mesh(tr.mesh):
             feats = tr.batch_features(batch)
             for program, args in ((tr.feature_fn, (tr.feature_params, feats["input_ids"], tr.draft_head, tr.t2d,
@@ -81,7 +94,8 @@ def run(name, mesh, steps=STEPS, resume=False, stop_after=None):
 
 weights = sorted({tuple(x.shape[1:]) for x in params["layers"].values()}
                  | {tuple(params["embed"].shape), tuple(params["lm_head"].shape)})
-result = {"weight_shapes": weights, "reference": run("one", None), "meshes": {m: run(m.replace(":", "-"), m) for m in meshes}}
+result = {"weight_shapes": weights, "reference": run("one", None) if not join else None,
+          "meshes": {m: run(m.replace(":", "-"), m) for m in meshes}, "process": jax.process_index()}
 if len(meshes) >= 2:  # two steps on the first mesh, checkpointed; resumed on the second for the rest
     first, second = meshes[0], meshes[1]
     run("resumed", first, stop_after=2)

@@ -406,6 +406,23 @@ def test_batches_keep_last_and_pad_id():
             assert (b["input_ids"][r, b["lengths"][r]:] == 7).all()
 
 
+def test_a_process_builds_only_its_rows_of_each_batch():
+    """The rows of one process (a multi-process run) are those rows of the whole batch, at the
+    whole batch's padded width, with its real token count; a short last batch's empty rows too."""
+    exs = _examples(10)
+    kw = dict(seed=2, drop_last=False, bucket_lengths=[16, 32, 48])
+    whole = list(data.batches(exs, 4, 48, **kw))
+    for rows in (slice(0, 2), slice(2, 4)):
+        part = list(data.batches(exs, 4, 48, rows=rows, **kw))
+        assert len(part) == len(whole)
+        for a, b in zip(part, whole):
+            assert a["input_ids"].shape == (2, b["input_ids"].shape[1])
+            for k in ("input_ids", "loss_mask", "attention_mask", "lengths", "example_indices"):
+                np.testing.assert_array_equal(a[k], b[k][rows])
+            assert a["real_tokens"] == b["real_tokens"] == int(b["lengths"].sum())
+            assert (a["index"], a["epoch"]) == (b["index"], b["epoch"])
+
+
 def test_batches_deterministic_and_resumable():
     exs = _examples(37)
     kw = dict(seed=5, epochs=3)

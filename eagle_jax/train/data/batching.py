@@ -107,6 +107,7 @@ def batches(
     drop_last: bool = True,
     pad_id: int = 0,
     bucket_lengths: Sequence[int] | None = None,
+    rows: slice | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yield fixed-shape batches (see :func:`collate`) over ``epochs`` epochs
     (None: forever).
@@ -122,8 +123,12 @@ def batches(
     batch only to the smallest bucket length holding its longest row (or
     ``seq_len``), bounding the number of distinct shapes a jitted step sees.
     Every batch carries ``"epoch"`` and ``"index"`` (its global cursor) as
-    Python ints, and ``"example_indices"`` [B] (positions in ``examples``, -1
-    for empty rows).
+    Python ints, ``"real_tokens"`` (the whole batch's unpadded tokens) and
+    ``"example_indices"`` [B] (positions in ``examples``, -1 for empty rows).
+
+    ``rows``: only these rows of each batch are built (one process of a
+    multi-process run: the rows its devices hold); the plan, the padded width
+    and ``real_tokens`` are the whole batch's, so every process agrees on them.
     """
     lengths = np.array([min(len(ex["input_ids"]), seq_len) for ex in examples], np.int64)
     per_epoch = num_batches(len(examples), batch_size, drop_last)
@@ -146,8 +151,11 @@ def batches(
             if buckets:
                 longest = int(lengths[idx].max()) if len(idx) else 0
                 width = next((b for b in buckets if b >= longest), seq_len)
-            b = collate([examples[k] for k in idx], batch_size, width, pad_id=pad_id)
-            b["example_indices"] = np.concatenate([idx, -np.ones(batch_size - len(idx), np.int64)])
+            full = np.concatenate([idx, -np.ones(batch_size - len(idx), np.int64)])
+            mine = full[rows] if rows is not None else full
+            b = collate([examples[k] for k in mine if k >= 0], len(mine), width, pad_id=pad_id)
+            b["example_indices"] = mine
+            b["real_tokens"] = int(lengths[idx].sum())
             b["epoch"] = epoch
             b["index"] = epoch * per_epoch + j
             yield b
