@@ -3,6 +3,8 @@
     eagle-jax plan --target llama-3.1-8b-instruct --draft eagle3-llama-3.1-8b-instruct \\
         --mesh 1x8 --batch 8 --context 8192
 
+(the command: eagle_jax/cli/plan.py; `plan --train`, a drafter's training run: train/plan.py)
+
 Shapes come from abstract evaluation (`jax.eval_shape` of the models' own
 `init_params` and `create_cache`: nothing is allocated), their split from
 eagle_jax/sharding.py's rules. A target or drafter is a config.json file, a
@@ -32,9 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from eagle_jax.config import ConfigError, DrafterConfig, TargetConfig
-from eagle_jax.sharding import CACHE_AXES, MeshShape, logical_axes, parse_mesh, per_device_elements
+from eagle_jax.sharding import CACHE_AXES, MeshShape, logical_axes, per_device_elements
 
-__all__ = ["add_arguments", "main", "plan", "resolve_config"]
+__all__ = ["GIB", "plan", "param_bytes", "resolve_config"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SEARCH = (os.path.join(_HERE, "configs"), os.path.join(_HERE, "drafters"))
@@ -58,7 +60,7 @@ def resolve_config(name_or_path: str) -> dict:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
 
 
-def _leaf_bytes(model_type, cfg, tree, mesh: MeshShape, heads) -> int:
+def param_bytes(model_type, cfg, tree, mesh: MeshShape, heads) -> int:
     """Bytes one device holds of an abstract parameter tree, by the logical axes the
     module (`model_type`) gives each leaf."""
     sizes = jax.tree.map(lambda leaf, axes: per_device_elements(leaf.shape, axes, mesh, heads) * leaf.dtype.itemsize,
@@ -98,7 +100,7 @@ def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Mesh
     slots = context + verify_tokens
     theads = (target_cfg.num_heads, target_cfg.num_kv_heads, target_cfg.head_dim)
     parts = {
-        "target weights": _leaf_bytes(target.Target, target_cfg,
+        "target weights": param_bytes(target.Target, target_cfg,
                                       jax.eval_shape(partial(target.init_params, target_cfg, dtype=dt), key),
                                       mesh, theads),
         "target KV cache": _cache_bytes(jax.eval_shape(partial(target.create_cache, target_cfg, batch, slots, dt)),
@@ -108,7 +110,7 @@ def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Mesh
     }
     if drafter_cfg is not None:
         dheads = (drafter_cfg.num_heads, drafter_cfg.num_kv_heads, drafter_cfg.head_dim)
-        parts["drafter weights"] = _leaf_bytes(
+        parts["drafter weights"] = param_bytes(
             drafter.Drafter, drafter_cfg, jax.eval_shape(partial(drafter.init_params, drafter_cfg, dtype=dt), key),
             mesh, dheads)
         parts["drafter KV cache"] = _cache_bytes(
@@ -140,55 +142,3 @@ def _notes(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Me
         if cfg.intermediate_size % mesh.model:
             notes.append(f"{name}: MLP width {cfg.intermediate_size} does not divide the model axis: kept whole")
     return notes
-
-
-def _configs(args) -> tuple[TargetConfig, DrafterConfig | None]:
-    from eagle_jax.convert.drafter_config import drafter_config_from_dict
-    from eagle_jax.convert.hf import target_config_from_hf
-
-    target_cfg = target_config_from_hf(resolve_config(args.target), args.target)
-    if args.draft in (None, "none"):
-        return target_cfg, None
-    return target_cfg, drafter_config_from_dict(resolve_config(args.draft), target_cfg)
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--target", required=True,
-                   help="config.json, a directory with one, or a shipped name (e.g. llama-3.1-8b-instruct)")
-    p.add_argument("--draft", default="none",
-                   help="the drafter's config.json, directory or shipped name (e.g. eagle3-llama-3.1-8b-instruct), "
-                        "or none")
-    p.add_argument("--mesh", default="1x1", help="DATAxMODEL devices (e.g. 1x8: tensor parallel over 8)")
-    p.add_argument("--batch", type=int, default=1, help="rows decoded together")
-    p.add_argument("--context", type=int, default=4096, help="cache slots a row (prompt and answer)")
-    p.add_argument("--verify-tokens", type=int, default=16,
-                   help="tokens a row in one verify step (a tree's total tokens; chain k: k + 1)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--device-memory-gib", type=float, default=None,
-                   help="memory of one device (e.g. 16 for a TPU v5e chip, 80 for an H100): say whether it fits")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-
-
-def main(args) -> int:
-    target_cfg, drafter_cfg = _configs(args)
-    out = plan(target_cfg, drafter_cfg, parse_mesh(args.mesh), batch=args.batch, context=args.context,
-               verify_tokens=args.verify_tokens, dtype=args.dtype)
-    if args.device_memory_gib is not None:
-        out["device_memory_gib"] = args.device_memory_gib
-        out["fits"] = out["total_per_device"] <= args.device_memory_gib * GIB
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return 0
-    print(f"target {args.target}, drafter {args.draft}, mesh {out['mesh']} (data x model, {out['devices']} devices), "
-          f"batch {args.batch}, context {args.context}, {args.verify_tokens} verify tokens a row, {args.dtype}")
-    print("per device:")
-    for name, b in out["bytes_per_device"].items():
-        print(f"  {name:<22}{b / GIB:>10.3f} GiB")
-    print(f"  {'total':<22}{out['total_per_device'] / GIB:>10.3f} GiB  (weights + caches + the larger activations)")
-    if "fits" in out:
-        verdict = "fits" if out["fits"] else "does NOT fit"
-        print(f"  {verdict} in {args.device_memory_gib:g} GiB "
-              f"({100 * out['total_per_device'] / (args.device_memory_gib * GIB):.0f}% of it)")
-    for note in out["notes"]:
-        print(f"note: {note}")
-    return 0

@@ -38,7 +38,7 @@ from eagle_jax.config import ConfigError
 
 __all__ = ["MeshShape", "RULES", "CACHE_AXES", "parse_mesh", "logical_axes",
            "per_device_elements", "partition_spec", "make_mesh", "fused_layout",
-           "shard_params", "shard_model", "shard_cache", "row_shardings", "state_shardings", "to_host"]
+           "shard_params", "shard_model", "shard_cache", "row_shardings", "state_shardings", "fsdp_dim", "to_host"]
 
 RULES: dict[str, str | None] = {
     "batch": "data",
@@ -271,12 +271,20 @@ def state_shardings(tree, mesh, *, fsdp: bool = False):
     data = mesh.shape["data"]
 
     def leaf(x):
-        dims = [i for i in sorted(range(x.ndim), key=lambda i: -x.shape[i]) if x.shape[i] % data == 0]
-        if not fsdp or data == 1 or not dims:
+        dim = fsdp_dim(x.shape, data) if fsdp else None
+        if dim is None:
             return NamedSharding(mesh, PartitionSpec())
-        return NamedSharding(mesh, PartitionSpec(*["data" if i == dims[0] else None for i in range(x.ndim)]))
+        return NamedSharding(mesh, PartitionSpec(*["data" if i == dim else None for i in range(x.ndim)]))
 
     return jax.tree.map(leaf, tree)
+
+
+def fsdp_dim(shape: tuple[int, ...], data: int) -> int | None:
+    """The dimension FSDP splits an array of `shape` along over a data axis of `data` devices:
+    its largest one that `data` divides (the first of equals), or None (kept whole: `data` is 1
+    or divides none)."""
+    dims = [i for i in sorted(range(len(shape)), key=lambda i: -shape[i]) if shape[i] % data == 0]
+    return dims[0] if data > 1 and dims else None
 
 
 def to_host(tree):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import pytest
 
@@ -11,6 +16,8 @@ from eagle_jax.convert.bundled import load_drafter_by_name
 from eagle_jax.convert.hf import target_config_from_hf
 from eagle_jax.plan import plan, resolve_config
 from eagle_jax.sharding import MeshShape, parse_mesh
+from eagle_jax.train.config import TrainConfig
+from eagle_jax.train.plan import ESTIMATES, plan_train
 
 GIB = 1 << 30
 
@@ -108,3 +115,92 @@ def test_bad_mesh_and_unknown_config_are_one_line_errors(capsys):
     assert cli_main(["plan", "--target", "no-such-model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "DATAxMODEL" in err[0] and "llama-3.1-8b-instruct" in err[1]
+
+
+# ----------------------------------------------------------------------------- plan --train
+
+PLAN_ON_MESH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh", "plan_on_mesh.py")
+# The activation estimates against XLA:CPU's compiled memory analysis (train/plan.py): measured
+# within 17% (TTT, bfloat16) and 7% (feature pass) over the cases below.
+ESTIMATE_TOLERANCE = 0.25
+
+
+def _train_plan_against_real_runs(tmp_path, *runs: str, state_only: bool = False) -> None:
+    """Each run's exact terms equal the bytes of the trainer's real arrays on one device, and its
+    estimates its compiled programs' temp bytes within ESTIMATE_TOLERANCE."""
+    proc = subprocess.run([sys.executable, PLAN_ON_MESH, *(["--state-only"] if state_only else []), str(tmp_path),
+                           *runs], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in runs:
+        planned, measured = result[name]["plan"]["bytes_per_device"], result[name]["measured"]
+        assert len(measured) == (4 if state_only else len(planned))
+        for part, got in measured.items():
+            if part in ESTIMATES:
+                assert abs(planned[part] / got - 1) <= ESTIMATE_TOLERANCE, (name, part, planned[part], got)
+            else:
+                assert planned[part] == got, (name, part, planned[part], got)
+
+
+def test_train_plan_holds_the_state_of_a_real_fsdp_run_on_a_2x4_mesh(tmp_path):
+    """The target, its head columns, the drafter's float32 params and Adam's state split over the
+    data axis of 8 simulated devices: the plan's bytes are the trainer's, per device."""
+    _train_plan_against_real_runs(tmp_path, "2x4:fsdp@dtype=bfloat16", state_only=True)
+
+
+@pytest.mark.slow
+def test_train_plan_is_real_runs_on_meshes_and_settings(tmp_path):
+    """Every term, the batch's features and the two passes' activations too (a few minutes)."""
+    _train_plan_against_real_runs(tmp_path, "2x4:fsdp@dtype=bfloat16", "1x1", "2x4", "4x2@batch_size=4",
+                                  "1x1@seq_len=160,ttt_length=5", "2x4@argmax_mode=skip,seq_len=192",
+                                  "1x1@dtype=bfloat16,param_dtype=bfloat16",
+                                  "1x2@dtype=bfloat16,target_dtype=float32,batch_size=2")
+
+
+def test_train_plan_of_an_eagle31_drafter_for_llama_8b_by_hand():
+    """The drafter's parameters and Adam's state counted by hand from the layout of docs/PARAMS.md."""
+    cfg = _llama("llama-3.1-8b-instruct")
+    h, f, v = 4096, 14336, 32000
+    drafter_params = (3 * h * h + 3 * h  # fc over three aux states, its norm (EAGLE 3.1)
+                      + 3 * h  # input, hidden and post-attention norms
+                      + 2 * h * (h + 2 * 1024) + h * h  # q|k|v over [embedding | hidden], o
+                      + h * 2 * f + f * h  # gate|up, down
+                      + h + h * v)  # final norm, lm_head
+    settings = dict(variant="eagle3.1", draft_vocab_size=v, batch_size=8, seq_len=2048, ttt_length=7,
+                    dtype="bfloat16")
+    one = plan_train(cfg, TrainConfig(**settings))["bytes_per_device"]
+    assert one["drafter params"] == 4 * drafter_params  # float32
+    assert one["optimizer state"] == 2 * 4 * drafter_params + 2 * 4 + 4 + 8  # mu, nu; two counts, step, key
+    assert one["target weights"] == pytest.approx(2 * 8.03e9, rel=0.01)
+    fsdp = plan_train(cfg, TrainConfig(**settings, mesh="2x4", fsdp=True))["bytes_per_device"]
+    assert fsdp["drafter params"] == one["drafter params"] // 2  # every leaf has an even dimension
+    assert fsdp["target weights"] == pytest.approx(one["target weights"] / 4, rel=0.001)
+    replicated = plan_train(cfg, TrainConfig(**settings, mesh="2x4"))["bytes_per_device"]
+    assert replicated["drafter params"] == one["drafter params"]
+    # the batch splits over the data axis; the drafter's compute does not split over the model axis
+    assert replicated["TTT activations"] < one["TTT activations"] / 2 + one["drafter params"]
+    assert plan_train(cfg, TrainConfig(**settings, mesh="1x8"))["bytes_per_device"]["TTT activations"] == \
+        one["TTT activations"]
+
+
+@pytest.mark.parametrize("recipe", [
+    ["--target", "llama-3.1-8b-instruct", "--mesh", "2x4", "--fsdp", "--batch", "2", "--seq-len", "1024",
+     "--device-memory-gib", "16"],  # TPU v5e-8
+    ["--target", "llama-3.1-70b-instruct", "--mesh", "1x8", "--batch", "1", "--seq-len", "2048",
+     "--device-memory-gib", "80"],  # 8 H100s
+])
+def test_plan_train_recipes_fit(capsys, recipe):
+    assert cli_main(["plan", "--train", "--variant", "eagle3.1", "--draft-vocab-size", "32000", "--ttt-length", "7",
+                     "--dtype", "bfloat16", *recipe]) == 0
+    out = capsys.readouterr().out
+    assert "TTT activations" in out and "(estimate)" in out
+    assert "fits in" in out and "does NOT fit" not in out
+
+
+def test_plan_flags_of_the_other_mode_are_refused(capsys):
+    assert cli_main(["plan", "--train", "--target", "llama-3.1-8b-instruct", "--draft", "x"]) == 2
+    assert cli_main(["plan", "--target", "llama-3.1-8b-instruct", "--seq-len", "512", "--fsdp"]) == 2
+    assert cli_main(["plan", "--train", "--target", "llama-3.1-8b-instruct", "--mesh", "2x4", "--batch", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--draft: serving flags" in err[0] and "--seq-len, --fsdp: training flags" in err[1]
+    assert "batch_size 3 must be a multiple of the mesh's data axis (2)" in err[2]

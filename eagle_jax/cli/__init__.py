@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
               "rewrite assistant turns with the target (self-distillation data for train)")
     _optional(sub, "bench", "eagle_jax.benchmarks.cli", "benchmarks and the evaluation report")
     _optional(sub, "serve", "eagle_jax.serve.cli", "HTTP server around the Generator")
-    _optional(sub, "plan", "eagle_jax.plan", "per-device memory of a target and drafter on a mesh")
+    _optional(sub, "plan", "eagle_jax.cli.plan",
+              "per-device memory of serving (with --train: training a drafter) on a mesh")
     return parser
 
 
