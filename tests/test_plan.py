@@ -120,8 +120,9 @@ def test_bad_mesh_and_unknown_config_are_one_line_errors(capsys):
 # ----------------------------------------------------------------------------- plan --train
 
 PLAN_ON_MESH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mesh", "plan_on_mesh.py")
-# The activation estimates against XLA:CPU's compiled memory analysis (train/plan.py): measured
-# within 17% (TTT, bfloat16) and 7% (feature pass) over the cases below.
+# The activation estimates against XLA:CPU's compiled memory analysis (train/plan.py): over the
+# slow cases below (and a batch of one row) the TTT step's came within -12%..+8%, the feature
+# pass's within -7%..+5%; 25% leaves room for XLA's buffer assignment to move.
 ESTIMATE_TOLERANCE = 0.25
 
 

@@ -23,7 +23,8 @@ Exact, from the shapes (`jax.eval_shape`; nothing is allocated):
 
 Estimates, of the arrays the backward pass and the buffer assignment keep live at the peak
 (XLA decides the real figure; on XLA:CPU the tests hold them within 25% of the compiled
-programs' `memory_analysis()` temp bytes at small shapes, float32 and bfloat16):
+programs' `memory_analysis()` temp bytes at small shapes, float32 and bfloat16: measured -12% to
++8%):
 
 - feature pass activations (train/features.py): the larger of its layer stage (the target's KV
   cache of T slots it builds, and one layer's attention, q|k|v with its float32 scores and
@@ -32,10 +33,11 @@ programs' `memory_analysis()` temp bytes at small shapes, float32 and bfloat16):
   its masked copy, for the in-vocabulary test);
 - TTT activations (train/ttt.py under `value_and_grad`): for each of the L unrolled steps three
   float32 [Hq, T, T] arrays of the attention over the step-0 keys (masked scores, their
-  exponentials, the weights) and the layer's per-token arrays (the MLP's five of width F, the
+  exponentials, the weights) and the layer's per-token arrays (the MLP's six of width F, the
   inputs, residuals and outputs of width H, q|k|v and the rotated k and v in the compute dtype;
   the norms' float32 copies and the attention's float32 output), then once the fc's normed input,
-  one step's loss arrays (four float32 [T, Vd]) and one gradient per parameter. The drafter is
+  one step's loss arrays (four float32 [T, Vd]), a float32 gradient per parameter and, when the
+  params are float32 and the compute bfloat16, the params' bfloat16 copy. The drafter is
   not split over the model axis: every model shard computes its data shard's rows.
 
 The two passes run one after the other: total = the exact terms + the larger estimate.
@@ -98,14 +100,17 @@ def _feature_activations(tcfg: TargetConfig, mesh: MeshShape, batch: int, t: int
     return max(cache + max(attention, mlp), head)
 
 
-def _ttt_activations(dcfg, mesh: MeshShape, batch: int, t: int, steps: int, itemsize: int, grads: int) -> int:
-    """The TTT step's estimate (module docstring), on one device; `grads`: the gradients' bytes."""
+def _ttt_activations(dcfg, mesh: MeshShape, batch: int, t: int, steps: int, itemsize: int, params: int,
+                     cast: bool) -> int:
+    """The TTT step's estimate (module docstring), on one device; `params`: how many parameters
+    the drafter has (their gradients are float32 whatever their dtype: the matmuls' transposes
+    accumulate in float32); `cast`: the step computes on a copy of them in the compute dtype."""
     rows = _split(batch, mesh.data)
     h, f, vd = dcfg.hidden_size, dcfg.intermediate_size, dcfg.draft_vocab_size
     qkv = dcfg.q_size + 2 * dcfg.kv_size
-    layer = rows * t * (itemsize * (5 * f + 8 * h + qkv + 2 * dcfg.kv_size) + F32 * (4 * h + 4 * dcfg.q_size))
+    layer = rows * t * (itemsize * (6 * f + 8 * h + qkv + 2 * dcfg.kv_size) + F32 * (4 * h + 4 * dcfg.q_size))
     per_step = 3 * rows * dcfg.num_heads * t * t * F32 + layer
-    once = 2 * rows * t * dcfg.fc_in_size * itemsize + 4 * rows * t * vd * F32 + grads
+    once = 2 * rows * t * dcfg.fc_in_size * itemsize + 4 * rows * t * vd * F32 + params * (F32 + cast * itemsize)
     return steps * per_step + once
 
 
@@ -142,7 +147,8 @@ def plan_train(tcfg: TargetConfig, cfg: TrainConfig) -> dict:
         "feature pass activations": _feature_activations(tcfg, mesh, b, t, cfg.argmax_mode,
                                                          feature_dtype.itemsize),
         "TTT activations": _ttt_activations(dcfg, mesh, b, t, cfg.ttt_length, dtype.itemsize,
-                                            _state_bytes(state["params"], mesh, False)),
+                                            sum(x.size for x in jax.tree.leaves(state["params"])),
+                                            param_dtype != dtype),
     }
     total = sum(v for k, v in parts.items() if k not in ESTIMATES) + max(parts[k] for k in ESTIMATES)
     notes = [f"batch {b} is {rows} rows a data shard"] if mesh.data > 1 else []
