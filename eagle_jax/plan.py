@@ -16,6 +16,9 @@ repositories publish them) or eagle_jax/drafters/. Per device:
   embedding is the target's, unless its checkpoint carries its own);
 - KV caches: target and drafter, `--batch` rows of `--context` slots plus a
   step's scratch (`--verify-tokens`);
+- drafter features: what the serving engine keeps of the target's features
+  for its lazy drafter to read (`spec_decode/loop.py` `create_feats`): float32
+  [A*Ht] and a token for every slot of every row, rows over the data axis;
 - activations: an estimate from shapes of the largest set live at once in
   one verify step of `--verify-tokens` tokens a row: the residual stream and
   its normed copy, plus the largest of the attention stage (q|k|v and the
@@ -117,6 +120,8 @@ def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | None, mesh: Mesh
             jax.eval_shape(partial(drafter.create_cache, drafter_cfg, batch, slots, dt)), mesh, dheads)
         parts["drafter activations"] = _activation_bytes(drafter_cfg, mesh, rows, verify_tokens, slots,
                                                          drafter_cfg.draft_vocab_size, dt.itemsize)
+        # float32 features [rows, slots, A*Ht] and int32 tokens [rows, slots] (`loop.create_feats`)
+        parts["drafter features"] = rows * slots * (drafter_cfg.fc_in_size * 4 + 4)
     # The two models run one after the other: their activations are not live together.
     acts = [v for k, v in parts.items() if k.endswith("activations")]
     total = sum(v for k, v in parts.items() if not k.endswith("activations")) + max(acts)

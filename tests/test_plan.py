@@ -40,6 +40,8 @@ def test_one_device_holds_every_weight_of_the_real_models(smollm2_target):
     assert parts["drafter weights"] == _nbytes(dparams)
     layers, kv = t.cfg.num_layers, t.cfg.num_kv_heads * t.cfg.head_dim
     assert parts["target KV cache"] == 2 * layers * 2 * (256 + 8) * kv * 4
+    # the engine's float32 record of three aux states and the token, for every slot of both rows
+    assert parts["drafter features"] == 2 * (256 + 8) * (3 * t.cfg.hidden_size * 4 + 4)
     assert out["notes"] == []
 
 

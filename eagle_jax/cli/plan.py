@@ -123,7 +123,7 @@ def main(args) -> int:
     for name, b in out["bytes_per_device"].items():
         print(f"  {name:<26}{b / GIB:>10.3f} GiB{'  (estimate)' if name in estimates else ''}")
     rule = ("exact terms + the larger estimate: the passes run one after the other" if args.train
-            else "weights + caches + the larger activations")
+            else "weights, caches and features + the larger activations")
     print(f"  {'total':<26}{out['total_per_device'] / GIB:>10.3f} GiB  ({rule})")
     if "fits" in out:
         verdict = "fits" if out["fits"] else "does NOT fit"
