@@ -36,8 +36,8 @@ programs' `memory_analysis()` temp bytes at small shapes, float32 and bfloat16: 
   exponentials, the weights) and the layer's per-token arrays (the MLP's six of width F, the
   inputs, residuals and outputs of width H, q|k|v and the rotated k and v in the compute dtype;
   the norms' float32 copies and the attention's float32 output), then once the fc's normed input,
-  one step's loss arrays (four float32 [T, Vd]), a float32 gradient per parameter and, when the
-  params are float32 and the compute bfloat16, the params' bfloat16 copy. The drafter is
+  one step's loss arrays (four float32 [T, Vd]), a float32 gradient per parameter (and its copy
+  in bfloat16 params' dtype) and, when float32 params compute in bfloat16, their bfloat16 copy. The drafter is
   not split over the model axis: every model shard computes its data shard's rows.
 
 The two passes run one after the other: total = the exact terms + the larger estimate.
@@ -101,16 +101,20 @@ def _feature_activations(tcfg: TargetConfig, mesh: MeshShape, batch: int, t: int
 
 
 def _ttt_activations(dcfg, mesh: MeshShape, batch: int, t: int, steps: int, itemsize: int, params: int,
-                     cast: bool) -> int:
+                     param_itemsize: int) -> int:
     """The TTT step's estimate (module docstring), on one device; `params`: how many parameters
     the drafter has (their gradients are float32 whatever their dtype: the matmuls' transposes
-    accumulate in float32); `cast`: the step computes on a copy of them in the compute dtype."""
+    accumulate in float32), of `param_itemsize` bytes (a step computing in a narrower dtype
+    computes on a copy of them)."""
+    cast = param_itemsize > itemsize
     rows = _split(batch, mesh.data)
     h, f, vd = dcfg.hidden_size, dcfg.intermediate_size, dcfg.draft_vocab_size
     qkv = dcfg.q_size + 2 * dcfg.kv_size
     layer = rows * t * (itemsize * (6 * f + 8 * h + qkv + 2 * dcfg.kv_size) + F32 * (4 * h + 4 * dcfg.q_size))
     per_step = 3 * rows * dcfg.num_heads * t * t * F32 + layer
-    once = 2 * rows * t * dcfg.fc_in_size * itemsize + 4 * rows * t * vd * F32 + params * (F32 + cast * itemsize)
+    # float32 gradients, their copy in narrower params' dtype, the params' copy in the compute dtype
+    grads = params * (F32 + (param_itemsize if param_itemsize < F32 else 0) + cast * itemsize)
+    once = 2 * rows * t * dcfg.fc_in_size * itemsize + 4 * rows * t * vd * F32 + grads
     return steps * per_step + once
 
 
@@ -148,10 +152,10 @@ def plan_train(tcfg: TargetConfig, cfg: TrainConfig) -> dict:
                                                          feature_dtype.itemsize),
         "TTT activations": _ttt_activations(dcfg, mesh, b, t, cfg.ttt_length, dtype.itemsize,
                                             sum(x.size for x in jax.tree.leaves(state["params"])),
-                                            param_dtype != dtype),
+                                            param_dtype.itemsize),
     }
     total = sum(v for k, v in parts.items() if k not in ESTIMATES) + max(parts[k] for k in ESTIMATES)
-    notes = [f"batch {b} is {rows} rows a data shard"] if mesh.data > 1 else []
+    notes = [f"batch {b}: {rows} row{'s' * (rows > 1)} a data shard"] if mesh.data > 1 else []
     if mesh.model > 1 and vd % mesh.model:
         notes.append(f"draft vocabulary {vd} does not divide the model axis {mesh.model}: its head and logits "
                      "are kept whole")
