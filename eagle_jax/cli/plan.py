@@ -85,7 +85,7 @@ def _plan_train(args) -> tuple[dict, str]:
                                "(--variant, --draft-vocab-size, --config)")
     cfg = _train_config(args)
     out = plan_train(target_config_from_hf(resolve_config(args.target), args.target), cfg)
-    head = (f"training a {out['variant']} drafter (draft vocabulary {out['draft_vocab_size']}) for {args.target}, "
+    head = (f"training an {out['variant']} drafter (draft vocabulary {out['draft_vocab_size']}) for {args.target}, "
             f"mesh {out['mesh']} (data x model, {out['devices']} devices), batch {out['batch']} x {out['seq_len']} "
             f"tokens, {out['ttt_length']} TTT steps, compute {out['dtype']} (target {out['target_dtype']}), "
             f"params {out['param_dtype']} {'split over data (FSDP)' if out['fsdp'] else 'replicated'}")

@@ -1,7 +1,7 @@
 """The rehearsal at Llama-3.2-1B's shapes on a 2x4 mesh of simulated CPU devices
 (tests/mesh/rehearsal.py, issue 44 item 5): served and trained, the bytes one device holds agree
-with `eagle-jax plan` and `plan --train` within 10%. The slow case reruns it (about 10 minutes on
-2 cores, near 9 GB of memory); the default tier holds the committed run's plan column to what the
+with `eagle-jax plan` and `plan --train` within 10%. The slow case reruns it (11 minutes on 2
+cores, 15 GB of resident memory); the default tier holds the committed run's plan column to what the
 plan computes today, so a change to the plan cannot leave the committed comparison stale."""
 
 from __future__ import annotations
