@@ -47,9 +47,12 @@ RULES: dict[str, str | None] = {
     "cache_heads": "model",
     "layers": None, "embed": None, "embed2": None, "head_dim": None, "aux": None, "aux_states": None,
     "target_embed": None, "seq": None,
-    # MoE and MLA parameters (models/moe.py, models/mla.py): replicated for now
-    "experts": None, "expert_ffw": None, "expert_ffw2": None,
-    "mla_a": None, "q_lora": None, "kv_lora": None, "mla_q": None, "mla_kv": None,
+    # MoE (models/moe.py): the routed experts split whole over the model axis (expert
+    # parallelism), the router replicated; shared experts are a dense MLP (ffw, ffw2).
+    "experts": "model", "expert_ffw": None, "expert_ffw2": None, "expert_scores": None,
+    # MLA (models/mla.py): the per-head up-projections (q_b: mla_q; kv_b, W_UK | W_UV: mla_kv)
+    # by head as q_heads (o_proj); the down-projection and its latents replicated.
+    "mla_q": "model", "mla_kv": "model", "mla_a": None, "q_lora": None, "kv_lora": None,
 }
 
 CACHE_AXES = ("layers", "batch", "cache_heads", "seq", "head_dim")  # KVCache.k / .v
@@ -153,13 +156,16 @@ def make_mesh(shape: MeshShape):
 def fused_layout(cfg, model: int):
     """(groups, {leaf name: column order}) that lays a model's fused projections out for a
     model axis of `model` shards: `groups` = model where it divides the KV heads and the MLP
-    width (else 1: no reordering), and column j of a reordered leaf is column order[j] of the
-    checkpoint's. Group i then holds the i-th share of q, of k and of v ([gate | up]: of
-    gate and of up), so each shard computes its heads and MLP columns without moving
-    activations between shards; a config with `fused_groups=groups` reads that layout."""
+    widths (the dense one, and a MoE target's shared experts'; else 1: no reordering), and
+    column j of a reordered leaf is column order[j] of the checkpoint's. Group i then holds
+    the i-th share of q, of k and of v ([gate | up]: of gate and of up), so each shard
+    computes its heads and MLP columns without moving activations between shards; a config
+    with `fused_groups=groups` reads that layout."""
     import numpy as np
 
-    if model == 1 or cfg.num_kv_heads % model or cfg.intermediate_size % model:
+    moe = getattr(cfg, "moe", None)  # a target's (drafters have none)
+    shared = moe.shared_intermediate_size if moe is not None else 0
+    if model == 1 or cfg.num_kv_heads % model or cfg.intermediate_size % model or shared % model:
         return 1, {}
 
     def grouped(*pieces: int):
@@ -169,7 +175,10 @@ def fused_layout(cfg, model: int):
         return np.concatenate(blocks, axis=1).reshape(-1)
 
     qkv = grouped(cfg.q_size, cfg.kv_size, cfg.kv_size)
-    return model, {"wqkv": qkv, "bqkv": qkv, "w_gate_up": grouped(cfg.intermediate_size, cfg.intermediate_size)}
+    columns = {"wqkv": qkv, "bqkv": qkv, "w_gate_up": grouped(cfg.intermediate_size, cfg.intermediate_size)}
+    if shared:
+        columns["shared_gate_up"] = grouped(shared, shared)
+    return model, columns
 
 
 def logical_axes(module: nnx.Module) -> dict:

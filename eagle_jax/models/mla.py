@@ -19,6 +19,13 @@ per-head K/V. Every forward (prefill, decode, verify) attends from the latent
 softmax-weighted latents; exact up to float rounding, as vLLM's and SGLang's MLA
 decode. (For long prefills expanding K/V would take fewer flops; one path keeps
 prefill and decode the same computation.)
+
+On a mesh (`sharding.RULES`) the heads split over the model axis: wq_b's and wkv_b's
+columns and wo's rows, whole heads a shard where the axis divides them, so each
+device attends with its own heads from the whole latent cache (replicated over the
+model axis: it has no head axis; its rows split over data as the dense cache's), and
+o_proj's partial sums meet in one all-reduce. wqkv_a (the down-projections) is
+replicated: every device computes the latent and the rope key it caches.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from eagle_jax.cache import KVCache, committed_mask, written_mask
 from eagle_jax.config import TargetConfig
 from eagle_jax.kernels import ops
 from eagle_jax.nn import apply_rope, latent_attention, rms_norm
+from eagle_jax.sharding import RULES
 
 # The q_a and kv_a norms' epsilon: transformers' DeepSeek-V3 builds them with
 # DeepseekV3RMSNorm's default, not config.rms_norm_eps (DeepSeek's own code does too).
@@ -73,10 +81,12 @@ def mla_attention(p: dict, cfg: TargetConfig, h, cos, sin, cache: KVCache, layer
     m = cfg.mla
     b, t, _ = h.shape
     heads, r, dn, dr, dv = cfg.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-    qkv_a = ops.fused_norm_matmul(h, p["attn_norm"], p["wqkv_a"], eps=cfg.rms_norm_eps, impl=impl)
+    qkv_a = ops.fused_norm_matmul(h, p["attn_norm"], p["wqkv_a"], eps=cfg.rms_norm_eps, impl=impl,
+                                  column_axis=RULES["mla_a"])
     q, latent, k_rope = jnp.split(qkv_a, [qkv_a.shape[-1] - r - dr, qkv_a.shape[-1] - dr], axis=-1)
     if m.q_lora_rank is not None:
-        q = ops.fused_norm_matmul(q, p["q_a_norm"], p["wq_b"], eps=LORA_NORM_EPS, impl=impl)
+        q = ops.fused_norm_matmul(q, p["q_a_norm"], p["wq_b"], eps=LORA_NORM_EPS, impl=impl,
+                                  column_axis=RULES["mla_q"])
     q = q.reshape(b, t, heads, dn + dr)
     q_nope, q_rope = q[..., :dn], rotate(cfg, q[..., dn:], cos, sin)
     latent = rms_norm(latent, p["kv_a_norm"], LORA_NORM_EPS)

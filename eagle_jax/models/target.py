@@ -43,10 +43,10 @@ LAYER_AXES: dict[str, tuple[str, ...]] = {
     "wqkv_a": ("layers", "embed", "mla_a"), "q_a_norm": ("layers", "q_lora"), "wq_b": ("layers", "q_lora", "mla_q"),
     "kv_a_norm": ("layers", "kv_lora"), "wkv_b": ("layers", "kv_lora", "mla_kv"),
     # MoE (models/moe.py)
-    "router": ("layers", "embed", "experts"), "router_bias": ("layers", "experts"),
+    "router": ("layers", "embed", "expert_scores"), "router_bias": ("layers", "expert_scores"),
     "experts_gate_up": ("layers", "experts", "embed", "expert_ffw2"),
     "experts_down": ("layers", "experts", "expert_ffw", "embed"),
-    "shared_gate_up": ("layers", "embed", "expert_ffw2"), "shared_down": ("layers", "expert_ffw", "embed"),
+    "shared_gate_up": ("layers", "embed", "ffw2"), "shared_down": ("layers", "ffw", "embed"),  # a dense MLP's
 }
 
 

@@ -36,18 +36,16 @@ if join:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec_decode"))
 import spec_helpers as H  # noqa: E402
-from collectives import compiled_collectives  # noqa: E402
+from collectives import compiled_collectives, step_collectives  # noqa: E402
 
 from eagle_jax.config import SpecConfig, TargetConfig  # noqa: E402
 from eagle_jax.convert.drafter_formats import params_from_tensors, tensors_from_params  # noqa: E402
 from eagle_jax.convert.registry import LoadedTarget, load_converted, save_converted  # noqa: E402
-from eagle_jax.engine.batch import batch_inputs  # noqa: E402
 from eagle_jax.generate import Generator  # noqa: E402
 from eagle_jax.engine import Engine, Sampling  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
 from eagle_jax.models.drafter import Drafter  # noqa: E402
 from eagle_jax.sharding import make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
-from eagle_jax.spec_decode import loop  # noqa: E402
 from eagle_jax.tokenizer import Tokenizer  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
@@ -108,20 +106,6 @@ def engine(mesh, method) -> dict:
     return out
 
 
-def collectives(g) -> dict:
-    """Result shapes of each kind of collective in one compiled speculative step, and how many
-    shard_map and pallas_call equations its jaxpr has."""
-    ids = g.encode_prompts(prompts, chat=False)
-    lc, args, static = batch_inputs(g, ids, g.requests(len(ids), max_new_tokens=12))
-    with g.mesh_scope():
-        state = loop.prefill_jit(g.target_params, g.drafter_params, g.vocab, *args, **static)
-        traced = loop.step_jit.trace(g.target_params, g.drafter_params, g.vocab, state, lc=lc)
-        text = traced.lower().compile().as_text()
-    jaxpr = str(traced.jaxpr)
-    return {"collectives": compiled_collectives(text), "cache": list(state.tcache.k.shape),
-            "kernels": {"shard_map": jaxpr.count("shard_map["), "pallas_call": jaxpr.count("pallas_call[")}}
-
-
 def loaded(mesh) -> dict:
     """The target written to a converted directory and read back, and the drafter's checkpoint
     tensors loaded (`load_drafter`'s last step: a config file would refuse the aux ids this
@@ -162,10 +146,10 @@ for mesh in meshes:
         result["meshes"][mesh][method] = dict(out, **({"engine": engine(mesh, method)} if method in engine_methods
                                                       else {}))
         if method == "chain":
-            result["meshes"][mesh].update(collectives(g))
+            result["meshes"][mesh].update(step_collectives(g, prompts))
     # The Pallas kernels (interpreted on CPU) on each device's block, under shard_map.
     g, out = run(mesh, "chain", impl="interpret")
-    result["meshes"][mesh]["pallas"] = {**out, **collectives(g)}
+    result["meshes"][mesh]["pallas"] = {**out, **step_collectives(g, prompts)}
     result["meshes"][mesh]["loaded"] = loaded(mesh)
 result["process"] = jax.process_index()
 result["weight_shapes"] = sorted({tuple(x.shape[1:]) for x in params["layers"].values()}
