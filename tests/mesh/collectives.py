@@ -20,8 +20,8 @@ def compiled_collectives(text: str) -> dict:
 
 def step_collectives(g, prompts) -> dict:
     """Result shapes of each kind of collective in one compiled speculative step of Generator `g`
-    (on its mesh) over `prompts`, the shape of its target cache's k, and how many shard_map and
-    pallas_call equations the step's jaxpr has."""
+    (on its mesh) over `prompts`, the shape of its target cache's k and the PartitionSpec it has
+    on the mesh, and how many shard_map and pallas_call equations the step's jaxpr has."""
     from eagle_jax.engine.batch import batch_inputs
     from eagle_jax.spec_decode import loop
 
@@ -33,4 +33,5 @@ def step_collectives(g, prompts) -> dict:
         text = traced.lower().compile().as_text()
     jaxpr = str(traced.jaxpr)
     return {"collectives": compiled_collectives(text), "cache": list(state.tcache.k.shape),
+            "cache_spec": str(state.tcache.k.sharding.spec),
             "kernels": {"shard_map": jaxpr.count("shard_map["), "pallas_call": jaxpr.count("pallas_call[")}}

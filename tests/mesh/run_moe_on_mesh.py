@@ -3,7 +3,7 @@ before jax starts): greedy output of tiny MoE targets, plain and speculative wit
 unsharded and on each mesh given; the collectives of one sharded speculative step, and how the
 experts, MLA heads and caches are laid out. Prints one JSON object.
 
-    python tests/mesh/run_moe_on_mesh.py qwen3_moe,deepseek 1x8 2x4
+    python tests/mesh/run_moe_on_mesh.py [--methods plain,chain,tree] qwen3_moe,deepseek 1x8 2x4
 
 "qwen3_moe": GQA attention with q/k norms, softmax routing, layer 2 dense. "deepseek": MLA (its
 compressed cache, YaRN), grouped sigmoid routing with the correction bias, a shared expert, layer 0
@@ -17,7 +17,11 @@ import json
 import os
 import sys
 
-kinds, meshes = sys.argv[1].split(","), sys.argv[2:]
+args = sys.argv[1:]
+methods = ("plain", "chain", "tree")
+if args[:1] == ["--methods"]:  # the methods to run (comma-separated), unsharded and on each mesh
+    methods, args = tuple(args[1].split(",")), args[2:]
+kinds, meshes = args[0].split(","), args[1:]
 devices = max((int(d) * int(m) for d, m in (x.split("x") for x in meshes)), default=1)
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
 
@@ -48,7 +52,7 @@ CONFIGS = {
 }
 SPECS = {"chain": SpecConfig(disable_by_batch_size=None),
          "tree": SpecConfig(method="tree", tree_top_k=2, tree_depth=3, tree_total_tokens=6, disable_by_batch_size=None)}
-PROMPTS = H.random_prompts(8, [5, 9, 7, 12])
+PROMPTS = H.random_prompts(8, [5, 9, 7, 12, 6, 10])  # 6 rows: [tokens, H] of a shard is no weight's shape
 SHOWN = ("experts_gate_up", "experts_down", "router", "shared_gate_up", "shared_down", "wq_b", "wkv_b", "wo",
          "wqkv_a", "wqkv")  # the leaves of layer 1 (a MoE layer in both) whose layout is reported
 
@@ -67,13 +71,13 @@ for kind in kinds:
     drafter = H.smollm2_random_drafter(cfg, "eagle3.1", draft_vocab=8, scale=0.3)
     layer = params["layers"][1]
     got = result[kind] = {
-        "reference": {m: run(cfg, params, drafter, None, m)[1] for m in ("plain", "chain", "tree")},
+        "reference": {m: run(cfg, params, drafter, None, m)[1] for m in methods},
         "weight_shapes": sorted({tuple(x.shape) for p in params["layers"].values() for x in p.values()}
                                 | {tuple(params["embed"].shape), tuple(params["lm_head"].shape)}),
         "experts": [cfg.moe.num_experts, *layer["experts_gate_up"].shape[1:]], "meshes": {}}
     for mesh in meshes:
         out = got["meshes"][mesh] = {}
-        for method in ("plain", "chain", "tree"):
+        for method in methods:
             g, out[method] = run(cfg, params, drafter, mesh, method)
             if method == "chain":
                 out.update(step_collectives(g, PROMPTS))

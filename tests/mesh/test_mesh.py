@@ -224,3 +224,52 @@ def test_a_mesh_that_leaves_out_a_process_is_refused(monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda: [Device(i) for i in range(8)])
     with pytest.raises(ConfigError, match=r"mesh 1x4 uses the first 4 of 8 devices, none of process 1's"):
         make_mesh(MeshShape(1, 4))
+
+
+MOE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_moe_on_mesh.py")
+
+
+def _run_moe(kinds: str, *meshes: str, methods: str = "plain,chain,tree") -> dict:
+    proc = subprocess.run([sys.executable, MOE_SCRIPT, "--methods", methods, kinds, *meshes], capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_moe(result: dict, kind: str, mesh: str) -> None:
+    """A MoE target on `mesh` (run_moe_on_mesh.py) decodes the unsharded tokens, with the routed
+    experts split whole over the model axis, run under shard_map, and no weight (whole, or one
+    device's experts) nor the whole cache moved by a step."""
+    ref, got = result[kind]["reference"], result[kind]["meshes"][mesh]
+    assert len({str(r["tokens"]) for r in ref.values()}) == 1  # greedy: lossless
+    for method in ref:
+        assert got[method]["tokens"] == ref[method]["tokens"], (kind, mesh, method)
+        assert got[method]["accepted"] == ref[method]["accepted"], (kind, mesh, method)
+        assert method == "plain" or got[method]["accepted"] > 0  # drafts were verified on the mesh
+    model = int(mesh.split("x")[1])
+    experts, specs, shards = result[kind]["experts"], got["specs"], got["shards"]
+    if model > 1:  # (every model axis up to 8 divides the experts and the heads)
+        assert specs["experts_gate_up"] == specs["experts_down"] == "P('model', None, None)", specs
+        assert shards["experts_gate_up"][0] == experts[0] // model and specs["router"] == "P(None, None)"
+        assert got["kernels"]["shard_map"] > 0, got["kernels"]  # the experts ran on each device's share
+        if kind == "deepseek":  # MLA: heads on the model axis, the latent down-projection replicated
+            assert specs["wq_b"] == specs["wkv_b"] == "P(None, 'model')" and specs["wqkv_a"] == "P(None, None)"
+            assert specs["wo"] == "P('model', None)" and specs["shared_gate_up"] == "P(None, 'model')", specs
+    if kind == "deepseek":  # the latent cache [L, B, 1, S, R]: no head axis to split, rows on data
+        assert got["cache"][2] == 1 and "model" not in got["cache_spec"], got["cache_spec"]
+    moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
+    weights = {tuple(s) for s in result[kind]["weight_shapes"]} | {tuple(s) for s in shards.values()}
+    assert not moved & (weights | {tuple(got["cache"])}), moved & (weights | {tuple(got["cache"])})
+
+
+def test_mla_moe_target_on_a_2x4_mesh_equals_the_unsharded_run():
+    """DeepSeek-V3's layout (MLA, shared and routed experts): chain speculative decoding."""
+    _check_moe(_run_moe("deepseek", "2x4", methods="chain"), "deepseek", "2x4")
+
+
+@pytest.mark.slow
+def test_moe_targets_on_1x8_2x4_and_8x1_meshes_equal_the_unsharded_run():
+    result = _run_moe("qwen3_moe,deepseek", "1x8", "2x4", "8x1")
+    for kind in ("qwen3_moe", "deepseek"):
+        for mesh in ("1x8", "2x4", "8x1"):
+            _check_moe(result, kind, mesh)
