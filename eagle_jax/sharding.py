@@ -17,7 +17,15 @@ its mesh axis divides it, in whole heads:
   vLLM replicate KV heads), and with a count that neither divides nor is a
   multiple of the axis, the KV part (and the KV cache) stays whole;
 - the fused gate|up projection (`ffw2`) splits each half;
-- the KV cache (`cache_heads`) splits by KV head as the projection does.
+- the KV cache (`cache_heads`) splits by KV head as the projection does;
+- a MoE layer's routed experts (`experts`) split whole over the model axis, E/m
+  experts a device (expert parallelism on the axis attention splits its heads
+  over: tpu-inference's 2D layout, jax-llm-examples' experts on a tensor axis;
+  `models.moe.routed_experts` runs each device's share), the router replicated
+  and the shared experts split as the dense MLP (`ffw`, `ffw2`);
+- MLA's per-head up-projections (`mla_q`, `mla_kv`) split by head as o_proj
+  (`q_heads`); its down-projection and latent cache, which have no head axis,
+  stay whole on the model axis (the cache's rows on data, as the dense cache's).
 
 `per_device_elements` gives what one device holds of an array under these
 rules; `eagle-jax plan` (plan.py) adds them up. `shard_model` puts a model's

@@ -273,3 +273,46 @@ def test_moe_targets_on_1x8_2x4_and_8x1_meshes_equal_the_unsharded_run():
     for kind in ("qwen3_moe", "deepseek"):
         for mesh in ("1x8", "2x4", "8x1"):
             _check_moe(result, kind, mesh)
+
+
+def test_experts_split_into_shares_sum_to_all_the_experts():
+    """`experts_mlp` of each device's share of the experts (`first`: its first expert), summed as
+    `routed_experts` sums them over the model axis, is the output of all the experts; pairs routed
+    to other shares take no rows of a share's grouped matmul (they add exactly zero)."""
+    from eagle_jax.models.moe import experts_mlp
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    e, h, i, n, k = 8, 16, 8, 12, 3
+    x = jax.random.normal(keys[0], (n, h))
+    w_gate_up, w_down = jax.random.normal(keys[1], (e, h, 2 * i)), jax.random.normal(keys[2], (e, i, h))
+    experts = jax.random.randint(keys[3], (n, k), 0, e)
+    weights = jax.random.uniform(keys[4], (n, k))
+    whole = experts_mlp(x, w_gate_up, w_down, weights, experts)
+    for shares in (2, 4, 8):
+        size = e // shares
+        parts = [experts_mlp(x, w_gate_up[s * size:(s + 1) * size], w_down[s * size:(s + 1) * size], weights,
+                             experts, first=s * size) for s in range(shares)]
+        np.testing.assert_allclose(sum(parts), whole, rtol=1e-6, atol=1e-5)
+    # a token none of whose experts a share holds gets exactly nothing from it
+    mine = experts_mlp(x, w_gate_up[:2], w_down[:2], weights, experts, first=0)
+    assert bool((mine[~(experts < 2).any(-1)] == 0).all())
+
+
+def test_grouped_shared_experts_compute_the_checkpoint_layout():
+    """A MoE layer whose shared experts' [gate | up] columns are grouped for a model axis of 2
+    (`fused_layout`), read under `fused_groups=2`, computes what the checkpoint layout does."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spec_decode"))
+    from spec_helpers import tiny_moe_target
+
+    from eagle_jax.models.moe import moe_mlp
+
+    cfg, params = tiny_moe_target("deepseek")
+    groups, columns = fused_layout(cfg, 2)
+    assert groups == 2 and "shared_gate_up" in columns
+    assert fused_layout(dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, intermediate_size=15)), 2) == (1, {})
+    layer = params["layers"][1]
+    grouped = dict(layer, shared_gate_up=layer["shared_gate_up"][:, columns["shared_gate_up"]])
+    h = jax.random.normal(jax.random.PRNGKey(2), (2, 3, cfg.hidden_size))
+    want = moe_mlp(layer, cfg, h, impl="xla")
+    got = moe_mlp(grouped, dataclasses.replace(cfg, fused_groups=2), h, impl="xla")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
