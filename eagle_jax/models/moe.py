@@ -50,7 +50,7 @@ def route(moe: MoEConfig, x, router, bias=None):
         grouped = choice.reshape(n, g, -1)
         group_score = jax.lax.top_k(grouped, 2)[0].sum(-1)  # [N, G]
         _, best_groups = jax.lax.top_k(group_score, moe.topk_groups)
-        kept = jnp.zeros((n, g), bool).at[jnp.arange(n)[:, None], best_groups].set(True)
+        kept = (jnp.arange(g)[None, :, None] == best_groups[:, None, :]).any(-1)  # [N, G]: no scatter to partition
         choice = jnp.where(kept[:, :, None], grouped, -jnp.inf).reshape(n, -1)
         _, experts = jax.lax.top_k(choice, k)
         weights = jnp.take_along_axis(scores, experts, axis=-1)
