@@ -19,8 +19,8 @@ test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --max-worker-restart=0
 
 # The package as a user installs it: a wheel in a fresh venv without PyTorch (scripts/wheel_check.sh).
-wheel-check:
-	bash scripts/wheel_check.sh
+wheel-check: setup
+	PYTHON=$(PY) bash scripts/wheel_check.sh
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow -n 2 --dist loadfile --max-worker-restart=0
