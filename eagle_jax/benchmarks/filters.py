@@ -48,7 +48,7 @@ def main(argv=None) -> list[dict]:
         b = shape[0]
         for name, (k, top_p) in SETTINGS.items():
             params = SamplingParams(temperature=jnp.full((b,), 0.8), top_k=jnp.full((b,), k, jnp.int32),
-                                    top_p=jnp.full((b,), top_p))
+                                    top_p=jnp.full((b,), top_p), coupled=jnp.zeros((b,), bool))
             ms = {impl: _time(jax.jit(lambda x, s, impl=impl: process_logits(x, s, impl=impl)), (x, params),
                               args.repeats, args.inner) for impl in ("xla", "native")}
             rows.append({"shape": list(shape), "filters": name, "xla_ms": ms["xla"], "native_ms": ms["native"]})

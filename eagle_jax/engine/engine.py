@@ -262,7 +262,8 @@ class Engine:
             b = self.max_rows
             ones = jnp.ones((b,), jnp.int32)
             caches = loop.create_caches(self.lc, b, self.max_len, self._dtype)
-            sampling = SamplingParams(jnp.zeros((b,)), jnp.zeros((b,), jnp.int32), jnp.ones((b,)))
+            sampling = SamplingParams(jnp.zeros((b,)), jnp.zeros((b,), jnp.int32), jnp.ones((b,)),
+                                      jnp.zeros((b,), bool))
             return loop.prefill(self.gen.target_params, self._dparams, self._vocab, jnp.zeros((b, 16), jnp.int32),
                                 ones, ones, jnp.zeros((b, 2), jnp.uint32), sampling, *caches, lc=self.lc,
                                 out_width=self.width)

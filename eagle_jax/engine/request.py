@@ -52,6 +52,7 @@ class Sampling:
     seed: int = 0
     seed_stream: int = 0  # prompt i of an HTTP request samples from stream i of its seed
     stop: tuple[str, ...] = ()
+    coupled: bool = True  # the coupled (Gumbel-max) sampler: text a function of the seed alone (sampling.py)
 
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -81,7 +82,8 @@ def sampling_arrays(rows: Sequence[Sampling]) -> SamplingParams:
     configs = [s.config() for s in rows]
     return SamplingParams(temperature=to_device([c.temperature for c in configs], np.float32),
                           top_k=to_device([c.top_k for c in configs], np.int32),
-                          top_p=to_device([c.top_p for c in configs], np.float32))
+                          top_p=to_device([c.top_p for c in configs], np.float32),
+                          coupled=to_device([s.coupled for s in rows], bool))
 
 
 def to_device(x, dtype) -> jax.Array:

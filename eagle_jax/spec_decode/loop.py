@@ -30,7 +30,7 @@ from eagle_jax.cache import KVCache, head_of, put_head_of
 from eagle_jax.config import DrafterConfig, SpecConfig, TargetConfig
 from eagle_jax.models import drafter, target
 from eagle_jax.spec_decode import tree as tree_lib
-from eagle_jax.spec_decode.sampling import SamplingParams, sample, split_keys
+from eagle_jax.spec_decode.sampling import SamplingParams, exponentials, position_keys, sample, split_keys
 from eagle_jax.spec_decode.stats import SpecStats
 from eagle_jax.spec_decode.verify import accept
 
@@ -88,7 +88,7 @@ class DecodeState:
     done: jax.Array  # [B] bool
     prompt_len: jax.Array  # [B]
     max_new: jax.Array  # [B]
-    keys: jax.Array  # [B, 2] one PRNG key per row (spec_decode/sampling.py)
+    keys: jax.Array  # [B, 2] one PRNG key per row, fixed (spec_decode/sampling.py: draws fold in the position)
     sampling: SamplingParams | None  # per-row settings; None: every row greedy
     stats: SpecStats
     # With lc.catch_up_width, what the drafter has not read yet, by position: the target's
@@ -218,8 +218,7 @@ def _start(tparams, lc: LoopConfig, last_hidden, tcache: KVCache, prompt_len, ma
     prompt position's hidden state last_hidden [B, H] and emitted; no drafter yet."""
     b = prompt_len.shape[0]
     last_logits = target.Target(lc.target, tparams).logits(last_hidden, impl=lc.impl)
-    keys, sub = split_keys(keys, 2)
-    first = sample(sub, last_logits, sampling, impl=lc.impl)
+    first = sample(keys, prompt_len, last_logits, sampling, impl=lc.impl)  # the token at position prompt_len
     state = DecodeState(
         tcache=tcache.replace(lengths=prompt_len.astype(jnp.int32)), dcache=None, pending=first,
         root_hidden=None, out=jnp.zeros((b, out_width), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),
@@ -288,9 +287,8 @@ def _plain_step(tparams, dparams, state: DecodeState, lc: LoopConfig) -> DecodeS
                                      aux_layers=lc.aux_layers(), impl=lc.impl)
         logits = tmodel.logits(hidden[:, 0], impl=lc.impl)
     with jax.named_scope("accept"):
-        keys, sub = split_keys(state.keys, 2)
-        nxt = sample(sub, logits, state.sampling, impl=lc.impl)
-        state, m = _emit(state.replace(keys=keys), lc, nxt[:, None], jnp.ones((b,), jnp.int32))
+        nxt = sample(state.keys, base + 1, logits, state.sampling, impl=lc.impl)
+        state, m = _emit(state, lc, nxt[:, None], jnp.ones((b,), jnp.int32))
     state = state.replace(tcache=tcache.commit(m), pending=jnp.where(m > 0, nxt, state.pending))
     if not lc.speculative:
         return state
@@ -337,12 +335,13 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig, spec
     dcfg = lc.drafter
     b = state.pending.shape[0]
     rows = jnp.arange(b)
-    keys, k_draft, k_accept = split_keys(state.keys, 3)
+    base = state.tcache.lengths
+    k_draft, k_accept = split_keys(position_keys(state.keys, base + 1), 2)
+    noise = _noise(state, base, spec.depth, lc.target.vocab_size)
     with jax.named_scope("draft"):
         draft, dcache = tree_lib.draft(drafter.Drafter(dcfg, dparams), vocab, tparams["embed"], state.pending,
-                                       state.root_hidden, state.dcache, spec, state.sampling, k_draft,
+                                       state.root_hidden, state.dcache, spec, state.sampling, k_draft, noise,
                                        impl=lc.impl)
-    base = state.tcache.lengths
     with jax.named_scope("target"):
         tmodel = target.Target(lc.target, tparams)
         hidden, tcache, aux = tmodel(draft.tokens, base[:, None] + draft.depth, state.tcache,
@@ -350,12 +349,12 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig, spec
                                      impl=lc.impl)
         logits = tmodel.logits(hidden, impl=lc.impl)
     with jax.named_scope("accept"):
-        path, n_acc, nxt = accept(draft, logits, spec, state.sampling, k_accept, impl=lc.impl)
+        path, n_acc, nxt = accept(draft, logits, spec, state.sampling, k_accept, noise, impl=lc.impl)
         # Emitted tokens: the accepted drafts along the path, then the target's own token.
         j = jnp.arange(spec.depth + 1)[None]
         path_tokens = jnp.take_along_axis(draft.tokens, jnp.concatenate([path[:, 1:], path[:, :1]], 1), axis=1)
         new_tokens = jnp.where(j < n_acc[:, None], path_tokens, nxt[:, None])
-        state, m = _emit(state.replace(keys=keys), lc, new_tokens, n_acc + 1)
+        state, m = _emit(state, lc, new_tokens, n_acc + 1)
         stats = state.stats.record(m > 0, jnp.minimum(n_acc, m), spec.depth)
     # Commit root + accepted path nodes (m of them) and roll the drafter over them.
     with jax.named_scope("commit"):
@@ -364,6 +363,17 @@ def _spec_step(tparams, dparams, vocab, state: DecodeState, lc: LoopConfig, spec
                           pending=jnp.where(m > 0, new_tokens[rows, jnp.maximum(m - 1, 0)], state.pending))
     feats = jnp.take_along_axis(aux, path[:, :, None], axis=1)
     return _roll_drafter(tparams, dparams, state, lc, new_tokens, feats, base, m)
+
+
+def _noise(state: DecodeState, base, depth: int, vocab: int):
+    """The coupled sampler's noise [B, depth + 1, V] for positions base + 1 ... base + depth + 1
+    (`sampling.exponentials`), drawn only when some row races (else ones); None for a greedy program."""
+    s = state.sampling
+    if s is None:
+        return None
+    positions = base[:, None] + 1 + jnp.arange(depth + 1, dtype=jnp.int32)[None]
+    return jax.lax.cond(jnp.any(s.races), lambda: exponentials(state.keys, positions, vocab),
+                        lambda: jnp.ones(positions.shape + (vocab,), jnp.float32))
 
 
 def step(tparams, dparams, vocab, state: DecodeState, *, lc: LoopConfig, depth: int | None = None) -> DecodeState:
@@ -456,7 +466,7 @@ def finish_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
     s = state.sampling
     if s is not None:
         s = SamplingParams(temperature=jnp.where(rows, 0.0, s.temperature), top_k=jnp.where(rows, 0, s.top_k),
-                           top_p=jnp.where(rows, 1.0, s.top_p))
+                           top_p=jnp.where(rows, 1.0, s.top_p), coupled=s.coupled & ~rows)
     return state.replace(done=state.done | rows, sampling=s)
 
 

@@ -20,10 +20,30 @@ native CPU kernels, a reduction in XLA (5-9x slower on CPU at the target's
 vocabulary: `python -m eagle_jax.benchmarks.filters`). Each search
 runs only when some row of the step asks for it.
 
-Randomness is per row: the decode state holds one PRNG key per row
-(``[B, 2]`` uint32), and every draw splits each row's key on its own. A row's
-samples therefore depend on its own seed only, not on which other rows
-share the batch (what lets a server batch seeded requests together).
+Randomness is per row and per position: the decode state holds one PRNG
+key per row (``[B, 2]`` uint32, `row_keys`), fixed for the row's life, and
+every draw for the token at sequence position p comes from
+``fold_in(row key, p)`` (`position_keys`). A row's samples therefore depend
+on its own seed only, not on which other rows share the batch.
+
+Two samplers, chosen per row (`SamplingParams.coupled`, an array: no
+recompile):
+
+* rejection (the speculative-sampling rule of verify.py): the token at p is
+  an inverse-CDF draw (`sample_probs`), and a drafting step splits its keys
+  between the drafter's draws and the acceptance tests. Lossless, but the
+  randomness a step consumes depends on its draft depth, so the text of a
+  seeded row depends on which steps drafted and how deep (with the engine:
+  on the load).
+* coupled (Gumbel-max, as an exponential race): the token at p is
+  argmax_x q(x) / E_p(x), q the processed distribution and E_p(x) i.i.d.
+  Exp(1) draws from ``fold_in(row key, p)`` (`exponentials`; argmax of
+  log q - log E = log q + Gumbel: an exact draw from q). It depends on the
+  seed, the position and the target's logits only. Drafting perturbs the
+  drafter's distribution with the same noise and verification accepts a
+  draft exactly when it equals the target's perturbed argmax (verify.py):
+  greedy speculation over perturbed scores, so speculative text equals plain
+  sampled text at any depth, tree or chain, alone or batched.
 """
 
 from __future__ import annotations
@@ -46,15 +66,24 @@ class SamplingParams:
     temperature: jax.Array  # [B] float32; 0 = greedy row
     top_k: jax.Array  # [B] int32; 0 = off
     top_p: jax.Array  # [B] float32; 1 = off
+    coupled: jax.Array  # [B] bool; True: the coupled (Gumbel-max) sampler, else rejection sampling
 
     @staticmethod
-    def rows(configs: Sequence[SamplingConfig]) -> "SamplingParams | None":
-        """One row per (validated) config; None when every row is greedy."""
+    def rows(configs: Sequence[SamplingConfig], coupled: bool | Sequence[bool] = False) -> "SamplingParams | None":
+        """One row per (validated) config, each coupled or not (one bool: every row);
+        None when every row is greedy."""
         if all(c.greedy for c in configs):
             return None
+        coupled = [coupled] * len(configs) if isinstance(coupled, bool) else list(coupled)
         return SamplingParams(temperature=jnp.asarray(np.array([c.temperature for c in configs], np.float32)),
                               top_k=jnp.asarray(np.array([c.top_k for c in configs], np.int32)),
-                              top_p=jnp.asarray(np.array([c.top_p for c in configs], np.float32)))
+                              top_p=jnp.asarray(np.array([c.top_p for c in configs], np.float32)),
+                              coupled=jnp.asarray(np.array(coupled, bool)))
+
+    @property
+    def races(self) -> jax.Array:
+        """[B] bool: rows that sample with the coupled sampler (coupled and not greedy)."""
+        return self.coupled & (self.temperature > 0)
 
     def at(self, ndim: int) -> "SamplingParams":
         """The same settings shaped [B, 1, ...] to broadcast against an ndim array."""
@@ -102,6 +131,15 @@ def row_keys(seeds: jax.Array, streams: jax.Array) -> jax.Array:
     return jax.vmap(lambda s, r: jax.random.fold_in(jax.random.PRNGKey(s), r))(seeds, streams)
 
 
+def position_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:
+    """Row keys [B, 2] and positions [B, ...] int -> keys [B, ..., 2]: ``fold_in(keys[b], p)``,
+    the randomness of the token at sequence position p of row b."""
+    fold = lambda k, p: jax.random.fold_in(k, p)
+    for _ in range(positions.ndim - 1):
+        fold = jax.vmap(fold, (None, 0))
+    return jax.vmap(fold)(keys, positions)
+
+
 def split_keys(keys: jax.Array, n: int) -> jax.Array:
     """Row keys [B, 2] -> n independent sets of row keys [n, B, 2]."""
     return jax.vmap(lambda k: jax.random.split(k, n), out_axes=1)(keys)
@@ -110,6 +148,22 @@ def split_keys(keys: jax.Array, n: int) -> jax.Array:
 def uniform_rows(keys: jax.Array, shape: tuple[int, ...] = ()) -> jax.Array:
     """Uniform draws in [0, 1) of `shape` per row key [B, 2] -> [B, *shape]."""
     return jax.vmap(lambda k: jax.random.uniform(k, shape))(keys)
+
+
+def exponentials(keys: jax.Array, positions: jax.Array, vocab: int) -> jax.Array:
+    """The coupled sampler's noise: row keys [B, 2], positions [B, P] -> [B, P, vocab]
+    float32 i.i.d. Exp(1) draws, row b's at position p from ``fold_in(keys[b], p)`` alone.
+    Each is -log u, u uniform in [tiny, 1): positive and finite, so q / E is never 0 / 0."""
+    u = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (vocab,), minval=jnp.finfo(jnp.float32).tiny)))(
+        position_keys(keys, positions))
+    return -jnp.log(u)
+
+
+def race(probs: jax.Array, noise: jax.Array) -> jax.Array:
+    """The coupled sampler's token: argmax_x probs(x) / noise(x) over the last axis
+    (probs [..., V] >= 0, noise [..., V] Exp(1) draws) -> [...] int32. An exact draw from
+    normalize(probs): the first of the exponential clocks noise(x) / probs(x) to ring."""
+    return jnp.argmax(probs / noise, axis=-1).astype(jnp.int32)
 
 
 def sample_probs(keys: jax.Array, probs: jax.Array, block: int = 256) -> jax.Array:
@@ -143,11 +197,17 @@ def sample_probs(keys: jax.Array, probs: jax.Array, block: int = 256) -> jax.Arr
     return jnp.minimum(b * block + j, v - 1).astype(jnp.int32)  # an all-zero row stays in range
 
 
-def sample(keys, logits: jax.Array, params: SamplingParams | None, *, impl: str = "auto") -> jax.Array:
-    """One token per row of logits [B, ..., V]: the argmax for greedy rows
-    (every row when params is None), else a draw with row b's key (keys [B, 2])."""
+def sample(keys, positions, logits: jax.Array, params: SamplingParams | None, *, impl: str = "auto") -> jax.Array:
+    """The token at positions [B] of each row from its logits [B, V] -> [B] int32: the
+    argmax for greedy rows (every row when params is None); for coupled rows the race
+    against the noise at that position (`exponentials`); else a draw with key
+    ``fold_in(keys[b], positions[b])`` (keys [B, 2] row keys)."""
     top = ops.argmax(logits, impl=impl)
     if params is None:
         return top
-    drawn = sample_probs(keys, jax.nn.softmax(process_logits(logits, params, impl=impl), axis=-1))
-    return jnp.where(params.at(top.ndim).temperature > 0, drawn, top)
+    probs = jax.nn.softmax(process_logits(logits, params, impl=impl), axis=-1)
+    drawn = sample_probs(position_keys(keys, positions), probs)
+    raced = jax.lax.cond(jnp.any(params.races), lambda: race(probs, exponentials(keys, positions[:, None],
+                                                                                  logits.shape[-1])[:, 0]),
+                         lambda: drawn)
+    return jnp.where(params.temperature > 0, jnp.where(params.coupled, raced, drawn), top)

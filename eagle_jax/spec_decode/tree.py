@@ -8,9 +8,17 @@ Tree drafting follows EAGLE-2's dynamic tree with a fixed envelope
 (`SpecConfig`): level 1 holds the top_k children of the root; each further
 level expands the top_k frontier nodes (by cumulative draft log-prob) by
 their top_k children; finally the N-1 best candidates are kept. A chain is
-the same construction with top_k = 1; under sampling it draws each token
-from the processed draft distribution instead and records that
+the same construction with top_k = 1; under rejection sampling it draws
+each token from the processed draft distribution instead and records that
 distribution for the min(1, p/q) acceptance rule.
+
+A coupled row (sampling.py) drafts the same construction over perturbed
+scores: at level l (tokens at position base + l) the top_k of its processed
+draft distribution raced against the noise of that position (the target's
+noise at each draft token's target id), scored by the log of their share of
+the race (log-softmax of log q - log E, the greedy score of perturbed
+logits), so its first choice is the token coupled sampling would emit if the
+drafter were the target.
 """
 
 from __future__ import annotations
@@ -63,14 +71,16 @@ class DraftTree:
 
 def draft(dmodel: drafter.Drafter, vocab: drafter.DraftVocab, embed, root_tokens,
           root_hidden, dcache: KVCache, spec: SpecConfig,
-          sampling: SamplingParams | None, keys, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
+          sampling: SamplingParams | None, keys, noise=None, *, impl: str = "auto") -> tuple[DraftTree, KVCache]:
     """Build the draft tree for each row; returns (tree, drafter cache).
 
     root_tokens [B]; root_hidden [B, H] the drafter output whose head
     predicts the token after the root (and gives the feedback for level 2);
     sampling: the rows' settings, None when every row is greedy (then a
-    chain takes the top draft token); keys [B, 2] row keys (used by sampled
-    chains only); dcache holds the drafter's committed context (lengths = target's).
+    chain takes the top draft token); keys [B, 2] the step's draft keys (used by
+    rejection-sampled chains only); noise [B, depth + 1, V] the coupled sampler's for
+    the positions past the root (used by coupled rows); dcache holds the drafter's
+    committed context (lengths = target's).
     The returned drafter cache has dcache's lengths, with the drafted K/V as
     scratch in uncommitted slots (the roll-forward writes over the first of
     them; none is ever visible once committed masks apply): one chain of
@@ -85,19 +95,35 @@ def draft(dmodel: drafter.Drafter, vocab: drafter.DraftVocab, embed, root_tokens
     level_keys = split_keys(keys, depth)  # [depth, B, 2]
     root_logits, root_feedback = dmodel.head(root_hidden, impl=impl)
 
-    def propose(logits, level_key):
-        """Draft logits [B, F, Vd] -> (scores [B, F, k], draft ids [B, F, k], q [B, F, V] | None)."""
+    def propose(logits, level):
+        """Draft logits [B, F, Vd] at `level` -> (scores [B, F, k], draft ids [B, F, k], q [B, F, V] | None)."""
         logp = jax.nn.log_softmax(logits, axis=-1)
-        if not sampled_chain:
+        if sampling is None:
             scores, ids = jax.lax.top_k(logp, k)
             return scores, ids, None
-        q_draft = probabilities(logits, sampling, impl=impl)
-        ids = sample_probs(level_key, q_draft)[..., None]
-        q_full = jnp.zeros(logits.shape[:-1] + vocab.t2d.shape, jnp.float32).at[..., target_ids].set(q_draft)
-        return jnp.take_along_axis(logp, ids, axis=-1), ids, q_full
+        q_draft = probabilities(logits, sampling, impl=impl) if sampled_chain else None
+        q_full = None
+        if sampled_chain:
+            ids = sample_probs(level_keys[level], q_draft)[..., None]
+            q_full = jnp.zeros(logits.shape[:-1] + vocab.t2d.shape, jnp.float32).at[..., target_ids].set(q_draft)
+            scores = jnp.take_along_axis(logp, ids, axis=-1)
+        else:
+            scores, ids = jax.lax.top_k(logp, k)
+
+        def raced():
+            q = probabilities(logits, sampling, impl=impl) if q_draft is None else q_draft
+            shares = q / noise[:, level, target_ids][:, None, :]
+            top, top_ids = jax.lax.top_k(shares, k)
+            share = top / jnp.sum(shares, axis=-1, keepdims=True)
+            # Floored: a child always ranks strictly below its parent (see _LEVEL_EPS).
+            return jnp.log(jnp.maximum(share, jnp.finfo(jnp.float32).tiny)), top_ids
+
+        r_scores, r_ids = jax.lax.cond(jnp.any(sampling.races), raced, lambda: (scores, ids))
+        races = sampling.races[:, None, None]
+        return jnp.where(races, r_scores, scores), jnp.where(races, r_ids, ids), q_full
 
     # Level 1: children of the root.
-    s1, ids1, q1 = propose(root_logits[:, None, :], level_keys[0])
+    s1, ids1, q1 = propose(root_logits[:, None, :], 0)
     cand_score = [s1.reshape(b, k) - _LEVEL_EPS]
     cand_token = [target_ids[ids1.reshape(b, k)]]
     cand_parent = [jnp.full((b, k), -1, jnp.int32)]  # candidate id of the parent; -1 = root
@@ -126,7 +152,7 @@ def draft(dmodel: drafter.Drafter, vocab: drafter.DraftVocab, embed, root_tokens
             front_tok, front_hidden, positions,
             scratch.replace(lengths=base + offset), embed=embed, slot_mask=slot_mask,
             mask=jnp.broadcast_to(jnp.eye(k, dtype=bool), (b, k, k)), impl=impl)
-        scores, ids, q = propose(logits, level_keys[level])  # [B, k, k]
+        scores, ids, q = propose(logits, level)  # [B, k, k]
         total = front_score[:, :, None] + scores - _LEVEL_EPS
         flat_score = total.reshape(b, k * k)
         cand_score.append(flat_score)
