@@ -443,6 +443,38 @@ def test_no_drafting_starts_while_a_prompt_is_joining(adaptive, monkeypatch):
     assert outs[0][1].spec.accepted + outs[1][1].spec.accepted > 0
 
 
+def test_seeded_requests_sample_the_same_alone_under_load_and_plain(adaptive, plain, monkeypatch):
+    """A seeded sampled request (the coupled sampler, spec_decode/sampling.py) gives the same text
+    alone and in a burst of requests that share its steps, whatever depths the draft policy picks
+    (forced to cycle through the deepest, plain and 1: each run meets them at other positions),
+    and that text is plain decoding's (the engine without a drafter: --draft none) and the
+    static batch's (`Generator.generate`), where plain and speculative agree token for token."""
+    gen, engine = adaptive
+    pgen, pengine = plain
+    policy = _Cycle(gen.spec.depth)
+    monkeypatch.setattr(engine, "_policy", policy)
+    seeded = [(PROMPTS[0], Sampling(max_new_tokens=24, temperature=0.7, seed=3)),
+              (PROMPTS[3], Sampling(max_new_tokens=24, temperature=1.0, top_p=0.9, top_k=40, seed=8, seed_stream=1))]
+    others = [(PROMPTS[i], Sampling(max_new_tokens=8 + 4 * i, temperature=0.9, seed=i)) for i in (1, 4, 5)]
+
+    def texts(eng, reqs):
+        async def run():
+            return await asyncio.gather(*(_collect(eng.submit(_ids(gen, p), s)) for p, s in reqs))
+        return [text for text, _ in asyncio.run(run())]
+
+    alone = [texts(engine, [r])[0] for r in seeded]
+    burst = texts(engine, [others[0], seeded[0], others[1], seeded[1], others[2]])
+    assert [burst[1], burst[3]] == alone
+    assert {d for _, d, _ in policy.seen} == set(policy.order)  # every depth ran, plain included
+    assert max(len(counts) for _, _, counts in policy.seen) == 2  # steps shared by two rows
+    assert texts(pengine, seeded) == alone
+    for (p, s), text in zip(seeded, alone):
+        kw = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=[(s.seed, s.seed_stream)])
+        spec, ref = _alone(gen, p, 24, **kw), _alone(pgen, p, 24, **kw)
+        assert spec.token_ids == ref.token_ids and spec.texts == ref.texts == [text]
+        assert spec.stats["accepted_tokens"] > 0
+
+
 def test_steps_over_more_rows_than_disable_by_batch_size_are_plain(smollm2_target, monkeypatch):
     """By default the generator's disable_by_batch_size caps, step by step, the running rows that
     speculate (vLLM's rule): a lone request drafts, two together step plainly, and the answers stay

@@ -1,11 +1,15 @@
-"""Speculative sampling is lossless: its output distribution is the target's.
+"""Speculative sampling is lossless: its output distribution is the target's, with
+either sampler (spec_decode/sampling.py: rejection sampling, and the coupled
+Gumbel-max sampler).
 
 The exact distribution of the first three generated tokens is enumerated from
 the target (vocabulary 8 -> 512 sequences) and compared with thousands of
-speculative samples by a chi-square test. The same test, run with the
-acceptance rule broken (every draft accepted), must reject.
+samples (one seed stream a row) by a chi-square test. The same test must
+reject each sampler broken: rejection sampling accepting every draft, the
+coupled sampler drawing every position's noise from one key.
 """
 
+import dataclasses
 import itertools
 
 import jax
@@ -15,9 +19,12 @@ import pytest
 from scipy import stats
 
 from eagle_jax.config import SamplingConfig, SpecConfig
+from eagle_jax.engine.batch import run_batch
 from eagle_jax.generate import Generator, PromptError
 from eagle_jax.models import target
+from eagle_jax.spec_decode import sampling
 from eagle_jax.spec_decode.sampling import SamplingParams, probabilities
+from eagle_jax.spec_decode.stats import summarize
 
 from spec_helpers import random_prompts, tiny_drafter, tiny_target
 
@@ -57,11 +64,13 @@ def chi_square_pvalue(samples, seqs, expected_p):
     return stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
 
 
-def speculative_samples(gen, prompt, seed=0):
-    out = gen.generate([prompt] * N_SAMPLES, max_new_tokens=3, temperature=SAMPLING.temperature,
-                       top_k=SAMPLING.top_k, top_p=SAMPLING.top_p, seed=seed)
-    assert all(len(t) == 3 for t in out.token_ids)
-    return out
+def speculative_samples(gen, prompt, coupled: bool, seed=0):
+    """(the first 3 tokens [N_SAMPLES, 3] of N_SAMPLES rows, row r on stream r of `seed`; accepted drafts)."""
+    rows = gen.requests(N_SAMPLES, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
+                        top_p=SAMPLING.top_p, seed=seed)
+    out = run_batch(gen, [prompt] * N_SAMPLES, [dataclasses.replace(r, coupled=coupled) for r in rows])
+    assert (out.num_generated == 3).all()
+    return out.tokens[:, :3], summarize(out.stats)["accepted_tokens"] if out.stats is not None else 0
 
 
 @pytest.fixture(scope="module")
@@ -73,36 +82,58 @@ def setup():
     return tcfg, tparams, prompt, seqs, p
 
 
+SAMPLERS = pytest.mark.parametrize("coupled", [False, True], ids=["rejection", "coupled"])
+
+
+@SAMPLERS
 @pytest.mark.parametrize("spec", [SpecConfig("chain", num_speculative_tokens=3),
                                   SpecConfig("tree", tree_top_k=3, tree_depth=3, tree_total_tokens=10)],
-                         ids=["chain-min(1,p/q)", "tree-siblings"])
-def test_speculative_sampling_matches_target(setup, spec):
+                         ids=["chain", "tree"])
+def test_speculative_sampling_matches_target(setup, spec, coupled):
+    """Rejection: a chain's min(1, p/q), a tree's sibling rule; coupled: drafts equal to the race."""
     tcfg, tparams, prompt, seqs, p = setup
     gen = Generator(tcfg, tparams, drafter=tiny_drafter(tcfg, "eagle3.1", draft_vocab=6), spec=spec)
-    out = speculative_samples(gen, prompt)
-    assert out.stats["accepted_tokens"] > N_SAMPLES // 10  # drafts are accepted, so the rule is exercised
-    assert chi_square_pvalue(out.token_ids, seqs, p) > 1e-3
+    tokens, accepted = speculative_samples(gen, prompt, coupled)
+    assert accepted > N_SAMPLES // 10  # drafts are accepted, so the rule is exercised
+    assert chi_square_pvalue(tokens, seqs, p) > 1e-3
 
 
-def test_plain_sampling_matches_target(setup):
+@SAMPLERS
+def test_plain_sampling_matches_target(setup, coupled):
     tcfg, tparams, prompt, seqs, p = setup
-    out = speculative_samples(Generator(tcfg, tparams), prompt)
-    assert chi_square_pvalue(out.token_ids, seqs, p) > 1e-3
+    tokens, _ = speculative_samples(Generator(tcfg, tparams), prompt, coupled)
+    assert chi_square_pvalue(tokens, seqs, p) > 1e-3
 
 
-def test_broken_acceptance_rule_is_detected(setup, monkeypatch):
-    """Accepting every draft (u = 0) skews the distribution; the test must see it."""
-    tcfg, tparams, prompt, seqs, p = setup
+def _broken_samples(setup, monkeypatch, module, name, broken, coupled):
+    """speculative_samples (chain) with module.name replaced by broken(original)."""
+    tcfg, tparams, prompt, _, _ = setup
     gen = Generator(tcfg, tparams, drafter=tiny_drafter(tcfg, "eagle3.1", draft_vocab=6),
                     spec=SpecConfig("chain", num_speculative_tokens=3))
     jax.clear_caches()
-    monkeypatch.setattr(jax.random, "uniform", lambda key, shape, *a, **k: jnp.zeros(shape))
+    monkeypatch.setattr(module, name, broken(getattr(module, name)))
     try:
-        out = speculative_samples(gen, prompt)
+        return speculative_samples(gen, prompt, coupled)[0]
     finally:
         monkeypatch.undo()
         jax.clear_caches()
-    assert chi_square_pvalue(out.token_ids, seqs, p) < 1e-6
+
+
+def test_broken_acceptance_rule_is_detected(setup, monkeypatch):
+    """Rejection sampling accepting every draft (u = 0) skews the distribution; the test must see it."""
+    _, _, _, seqs, p = setup
+    tokens = _broken_samples(setup, monkeypatch, jax.random, "uniform",
+                             lambda _: lambda key, shape, *a, **k: jnp.zeros(shape), coupled=False)
+    assert chi_square_pvalue(tokens, seqs, p) < 1e-6
+
+
+def test_noise_shared_between_positions_is_detected(setup, monkeypatch):
+    """The coupled sampler with one noise for every position of a row (each token alone is still
+    an exact draw, but they are no longer independent): the test must see it."""
+    _, _, _, seqs, p = setup
+    tokens = _broken_samples(setup, monkeypatch, sampling, "position_keys",
+                             lambda keys_at: lambda keys, positions: keys_at(keys, positions * 0), coupled=True)
+    assert chi_square_pvalue(tokens, seqs, p) < 1e-6
 
 
 def test_same_seed_same_output(setup):
