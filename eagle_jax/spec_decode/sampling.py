@@ -206,8 +206,10 @@ def sample(keys, positions, logits: jax.Array, params: SamplingParams | None, *,
     if params is None:
         return top
     probs = jax.nn.softmax(process_logits(logits, params, impl=impl), axis=-1)
-    drawn = sample_probs(position_keys(keys, positions), probs)
-    raced = jax.lax.cond(jnp.any(params.races), lambda: race(probs, exponentials(keys, positions[:, None],
-                                                                                  logits.shape[-1])[:, 0]),
-                         lambda: drawn)
-    return jnp.where(params.temperature > 0, jnp.where(params.coupled, raced, drawn), top)
+    rejecting = (params.temperature > 0) & ~params.coupled
+    drawn = jax.lax.cond(jnp.any(rejecting), lambda: sample_probs(position_keys(keys, positions), probs),
+                         lambda: top)
+    raced = jax.lax.cond(jnp.any(params.races),
+                         lambda: race(probs, exponentials(keys, positions[:, None], logits.shape[-1])[:, 0]),
+                         lambda: top)
+    return jnp.where(rejecting, drawn, jnp.where(params.races, raced, top))

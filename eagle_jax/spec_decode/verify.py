@@ -45,8 +45,8 @@ def accept(tree: DraftTree, target_logits, spec: SpecConfig, sampling: SamplingP
     probs = probabilities(target_logits, sampling, impl=impl)  # [B, N, V]; a greedy row's one-hot
     b = probs.shape[0]
     walked = _follow(tree, race(probs, noise[jnp.arange(b)[:, None], tree.depth]), spec)
-    rejected = _reject(tree, probs, spec, keys)
     rejecting = (sampling.temperature > 0) & ~sampling.coupled
+    rejected = jax.lax.cond(jnp.any(rejecting), lambda: _reject(tree, probs, spec, keys), lambda: walked)
     return jax.tree.map(lambda r, w: jnp.where(rejecting.reshape((b,) + (1,) * (r.ndim - 1)), r, w),
                         rejected, walked)
 
