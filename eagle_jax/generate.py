@@ -233,8 +233,8 @@ class Generator:
                stop: Sequence[str] = ()) -> "TextStream":
         """Text pieces as accepted tokens arrive, through the engine (engine/engine.py): one row
         whose cache holds this prompt and its answer (an engine is kept for later streams that
-        fit it). Greedy text equals :meth:`generate`'s; sampled text is a sample of the same
-        distribution (the engine's draft depths may differ from the static loop's).
+        fit it). Its text equals :meth:`generate`'s for the same seed, greedy or sampled (the
+        coupled sampler: spec_decode/sampling.py), whatever draft depths the engine picks.
 
         Returns a :class:`TextStream`: iterate it for the pieces; once it is
         exhausted its ``finish_reason`` is set as in :meth:`generate`.

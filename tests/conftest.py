@@ -140,6 +140,12 @@ SLOW = {
         "[deepseek-tree]; Qwen3-MoE's forward and decode in tests/convert/test_moe_targets.py",
     # decoding properties, checked in the default tier by the variant named after each
     "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[tree]": "chain",
+    # coupled sampling emits plain coupled sampling's tokens at any depth (test_plain_steps.py
+    # test_switching_draft_depths_keeps_coupled_samples), so one chi-square covers the others
+    "tests/spec_decode/test_lossless.py::test_speculative_sampling_matches_target[tree-coupled]":
+        "[chain-coupled] and test_switching_draft_depths_keeps_coupled_samples[tree]",
+    "tests/spec_decode/test_lossless.py::test_plain_sampling_matches_target[coupled]":
+        "test_speculative_sampling_matches_target[chain-coupled] and test_switching_draft_depths_keeps_coupled_samples",
     "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[tree]":
         "chain",
     "tests/spec_decode/test_sampling_rows.py::test_each_row_of_a_mixed_batch_samples_as_it_would_alone[plain]":

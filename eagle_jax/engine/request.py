@@ -8,8 +8,8 @@
     req.cancel()                        # idempotent; the request ends with Done(finish_reason="abort")
 
 `Sampling` is the one host form of a request's settings: temperature, top-k,
-top-p, seed, stop strings and the new-token limit, checked when it is made
-(a ValueError names the bad one). `sampling_arrays` turns the settings of
+top-p, seed, sampler, stop strings and the new-token limit, checked when it
+is made (a ValueError names the bad one). `sampling_arrays` turns the settings of
 some rows into the per-row device arrays the loop samples with
 (spec_decode/sampling.py's `SamplingParams`).
 
@@ -52,7 +52,9 @@ class Sampling:
     seed: int = 0
     seed_stream: int = 0  # prompt i of an HTTP request samples from stream i of its seed
     stop: tuple[str, ...] = ()
-    coupled: bool = True  # the coupled (Gumbel-max) sampler: text a function of the seed alone (sampling.py)
+    # The coupled (Gumbel-max) sampler: the text is a function of the seed, alone or batched, drafting
+    # at any depth or not; False: rejection sampling (spec_decode/sampling.py has both).
+    coupled: bool = True
 
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -62,6 +64,8 @@ class Sampling:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2 ** 31:
                 raise ValueError(f"{name} must be an int in [0, 2**31), got {v!r}")
+        if not isinstance(self.coupled, bool):
+            raise ValueError(f"coupled must be a bool, got {self.coupled!r}")
         if isinstance(self.stop, str) or not all(isinstance(x, str) for x in self.stop):
             raise ValueError(f"stop must be a sequence of strings, got {self.stop!r}")
         self.config()

@@ -44,6 +44,12 @@ recompile):
   draft exactly when it equals the target's perturbed argmax (verify.py):
   greedy speculation over perturbed scores, so speculative text equals plain
   sampled text at any depth, tree or chain, alone or batched.
+
+Rows are coupled unless their request says otherwise (`engine.Sampling.coupled`):
+on the shipped drafter (benchmarks/coupling.py) the coupled sampler accepts as
+much as rejection sampling or more, a tree more at every temperature (its top_k
+children are the race's first k), except a chain at temperature 1.0 (tau 1.65
+against 1.78), where rejection's min(1, p/q) is the better per-token coupling.
 """
 
 from __future__ import annotations
