@@ -42,7 +42,7 @@ class DraftTree:
     tokens: jax.Array  # [B, N] int32 target ids; tokens[:, 0] is the root
     parents: jax.Array  # [B, N] int32 node index of the parent, -1 for the root
     depth: jax.Array  # [B, N] int32, 0 for the root
-    q: jax.Array | None  # [B, N, V] proposal distribution of each node (sampled chains only)
+    q: jax.Array | None  # [B, N, V] proposal distribution of each node (sampled chains: the rejection rule)
 
     def children(self, width: int) -> jax.Array:
         """[B, N, width] node indices of each node's children in order, -1 padded."""
