@@ -13,7 +13,8 @@ import os
 import statistics
 import sys
 
-from eagle_jax.cli.args import add_aux_semantics_argument, add_model_arguments, generator_from_args
+from eagle_jax.cli.args import (add_aux_semantics_argument, add_model_arguments, add_multihost_arguments,
+                                generator_from_args, join_processes)
 from eagle_jax.config import ConfigError
 
 
@@ -35,11 +36,7 @@ def _add_generate(sub):
     p.add_argument("--stream", action="store_true", help="print text as it is accepted (single prompt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_arguments(p)
-    multi = p.add_argument_group("multi-host", "run the same command in every process, one per host, with "
-                                 "--mesh spanning all their devices; process 0 prints the result")
-    multi.add_argument("--coordinator-address", default=None, help="HOST:PORT of process 0")
-    multi.add_argument("--num-processes", type=int, default=1)
-    multi.add_argument("--process-id", type=int, default=0)
+    add_multihost_arguments(p, "process 0 prints the result")
     p.set_defaults(func=_generate)
 
 
@@ -77,21 +74,9 @@ def _read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def _join_processes(args) -> bool:
-    """Join the other processes when --num-processes > 1; whether this one prints."""
-    if args.num_processes == 1:
-        return True
-    if args.coordinator_address is None or args.mesh is None:
-        raise ValueError("--num-processes > 1 needs --coordinator-address and a --mesh over every process's devices")
-    from eagle_jax.runtime import initialize_distributed
-
-    initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
-    return args.process_id == 0
-
-
 def _generate(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(args.prompts_file)
-    lead = _join_processes(args)  # the other processes do the same work; process 0 speaks for all
+    lead = join_processes(args, args.mesh)  # the other processes do the same work; process 0 speaks for all
     say = print if lead else (lambda *a, **kw: None)
     gen = generator_from_args(args)
     spec = gen.spec

@@ -9,11 +9,34 @@ from eagle_jax.config import ConfigError, SpecConfig
 from eagle_jax.sharding import parse_mesh
 
 __all__ = ["MAX_CHAIN_TOKENS", "add_model_arguments", "add_aux_semantics_argument", "add_disable_by_batch_size",
-           "spec_from_args", "generator_from_args"]
+           "add_multihost_arguments", "join_processes", "spec_from_args", "generator_from_args"]
 
 # A chain of k drafted tokens compiles k drafter steps and verifies k + 1 tokens; past 16 the
 # compile time runs into minutes while a drafter accepts a few tokens per step at best.
 MAX_CHAIN_TOKENS = 16
+
+
+def add_multihost_arguments(p: argparse.ArgumentParser, lead: str) -> None:
+    """--coordinator-address, --num-processes, --process-id (generate and serve); `lead`: what
+    process 0 does that the others do not."""
+    multi = p.add_argument_group("multi-host", "run the same command in every process, one per host, with "
+                                 f"--mesh spanning all their devices; {lead}")
+    multi.add_argument("--coordinator-address", default=None, help="HOST:PORT of process 0")
+    multi.add_argument("--num-processes", type=int, default=1)
+    multi.add_argument("--process-id", type=int, default=0)
+
+
+def join_processes(args, mesh: str | None) -> bool:
+    """Join the other processes when --num-processes > 1 (before anything starts JAX's
+    backends), for a run on `mesh`; whether this one is process 0."""
+    if args.num_processes == 1:
+        return True
+    if args.coordinator_address is None or mesh is None:
+        raise ValueError("--num-processes > 1 needs --coordinator-address and a --mesh over every process's devices")
+    from eagle_jax.runtime import initialize_distributed
+
+    initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
+    return args.process_id == 0
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,8 @@ the draft policy.
 
 engine.py runs requests (admission, chunked prefill, steps over row buckets, stop strings);
 batch.py runs rows that start together to their end in one device loop; request.py is what a
-client submits and hears back; policy.py picks each step's draft depth.
+client submits and hears back; policy.py picks each step's draft depth; lockstep.py carries the
+engine's calls from process 0 to the others when its mesh spans processes.
 """
 
 from eagle_jax.engine.batch import BatchOutput, batch_inputs, padded_prompt_len, run_batch

@@ -80,6 +80,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.sharding import NamedSharding, PartitionSpec
+
+from eagle_jax.engine.lockstep import Channel, default_channel
 from eagle_jax.engine.policy import DraftPolicy, draft_depths
 from eagle_jax.engine.request import (Delta, Done, EngineError, Request, Sampling,
                                       sampling_arrays, spec_counts, to_device)
@@ -95,8 +98,7 @@ CATCH_UP_WIDTH = 16  # positions a lagging drafter catches up per call (one prog
 _keys_jit = jax.jit(row_keys)
 
 
-@partial(jax.jit, static_argnames=("width",))
-def _read(state: loop.DecodeState, start: jax.Array, *, width: int):
+def _read_rows(state: loop.DecodeState, start: jax.Array, *, width: int):
     """Fresh host-bound copies: (num_generated [B], done [B], out[b, start[b] : start[b] + width] [B, width],
     stats). Copies, so the next step may donate the state."""
     cols = jnp.minimum(start[:, None] + jnp.arange(width)[None], state.out.shape[1] - 1)
@@ -129,7 +131,6 @@ class _Job:
     ttft_s: float | None = None
     toks: list = dataclasses.field(default_factory=list)
     most_rows: int = 1  # most rows running together during its life
-    fill: _Fill | None = None  # set while its prompt is being prefilled
 
 
 class Engine:
@@ -137,7 +138,7 @@ class Engine:
 
     def __init__(self, generator, *, max_rows: int = 4, max_len: int = 1024, draft_name: str = "none",
                  speculative: bool | None = None, adaptive: bool = True, prefill_chunk: int = 64,
-                 prefill_budget: int = 256):
+                 prefill_budget: int = 256, channel: Channel | None = None):
         gen = self.gen = generator
         groups = gen.mesh.shape["data"] if gen.mesh is not None else 1
         if max_rows % groups:
@@ -182,6 +183,7 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._jobs: dict[int, _Job] = {}  # row -> its job (touched by the loop thread only)
         self._filling: dict[int, _Job] = {}  # row -> a job whose prompt is being prefilled, oldest first
+        self._fills: dict[int, _Fill] = {}  # row -> the device buffers of its prompt being prefilled
         self._running = 0
         self.steps: dict[int, int] = {}  # steps taken by draft depth, 0 = plain (the loop thread's count)
         self.catch_ups = 0  # catch_up calls (the loop thread's count)
@@ -189,11 +191,12 @@ class Engine:
         self._policy = None  # _DraftPolicy once warm-up has timed the steps (adaptive with a drafter)
         self._wake = threading.Condition()
         self.closed = False
+        self._channel = None  # each process warms up alone: no call is sent before the loop runs
         t0 = time.perf_counter()
         self._shapes = self._state_shapes()
         self._sharding = None  # the state's shardings on a mesh (`_empty`), pinned on each program's output
         self._state = self._empty()
-        self._programs = _programs(self._sharding)
+        self._programs = _programs(self._sharding, gen.mesh)
         self.depth = self.lc.spec.depth if self.lc.speculative else 0  # the deepest draft a step makes
         capped = self.draft_rows is not None and self.draft_rows < max_rows
         fixed = {0, self.depth} if capped else {self.depth}
@@ -203,8 +206,11 @@ class Engine:
         if adaptive:
             self._policy = DraftPolicy(self._costs, self.depth)
         self.warmup_s = time.perf_counter() - t0
+        self._channel = channel if channel is not None else default_channel(gen.mesh)
+        self.leads = self._channel is None or self._channel.leads
         self._thread = threading.Thread(target=self._loop, name="eagle-jax-engine", daemon=True)
-        self._thread.start()
+        if self.leads:
+            self._thread.start()
 
     # ------------------------------------------------------------ the interface
 
@@ -238,6 +244,8 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], sampling: Sampling) -> Request:
         """Queue a request (checked here, not on the loop thread); its events stream as it runs."""
+        if not self.leads:
+            raise EngineError("this process follows the engine of process 0: submit requests there")
         self.check(prompt_ids)
         req = Request(list(prompt_ids), sampling)
         with self._wake:  # under the lock close() takes: nothing joins the queue after the last drain
@@ -252,7 +260,36 @@ class Engine:
         with self._wake:
             self.closed = True
             self._wake.notify()
-        self._thread.join(timeout=60)
+        if self.leads:
+            self._thread.join(timeout=60)
+            if self._channel is not None:
+                self._channel.send(("close",))
+
+    def follow(self) -> None:
+        """Run the leader's engine calls, in its order, until it closes (a process other than 0 of
+        a multi-process engine: engine/lockstep.py). A call that fails here ends this process's
+        part: the error is raised (the leader's next collective program then waits on it)."""
+        if self.leads:
+            raise EngineError("the leader's engine runs its own loop; follow() is for the other processes")
+        with self.gen.mesh_scope():
+            while True:
+                name, *args = self._channel.receive()
+                if name == "close":
+                    self.closed = True
+                    return
+                if name not in _CALLS:
+                    raise EngineError(f"unknown engine call {name!r} from the leader")
+                if name == "fill":
+                    args[2] = Sampling(**{**args[2], "stop": tuple(args[2]["stop"])})
+                getattr(self, f"_{name}")(*args)
+
+    def _call(self, name: str, *args):
+        """Engine call `name` (one of `_CALLS`) with host arguments `args`; with followers, sent to
+        them first, so that every process makes the same calls in the same order."""
+        if self._channel is not None:
+            sent = [dataclasses.asdict(a) if isinstance(a, Sampling) else a for a in args]
+            self._channel.send((name, *sent))
+        return getattr(self, f"_{name}")(*args)
 
     # ------------------------------------------------------------ device state
 
@@ -286,20 +323,29 @@ class Engine:
         """The state laid out as the engine's programs take it (on a mesh: by `row_shardings`)."""
         return state if self._sharding is None else jax.device_put(state, self._sharding)
 
-    def _fill(self, row: int, ids: list[int], sampling: Sampling) -> _Fill:
-        """Start prefilling a prompt into `row`: one-row caches and buffers."""
+    def _reset(self) -> None:
+        """Every row free, every prefill forgotten (after a failed call)."""
+        self._fills.clear()
+        self._state = self._empty()
+
+    def _fill(self, row: int, ids: list[int], sampling: Sampling) -> None:
+        """Start prefilling a prompt into `row`: its one-row caches and buffers (`_fills[row]`)."""
         tokens = np.zeros((1, self.max_len), np.int32)
         tokens[0, :len(ids)] = ids
         tcache, dcache = loop.create_caches(self.lc, 1, self.max_len, self._dtype)
         if self.gen.mesh is not None:  # KV heads on the model axis, as the target's projections make them
             tcache, dcache = shard_cache(tcache, self.gen.mesh), shard_cache(dcache, self.gen.mesh)
         feats, _ = loop.create_feats(self.lc, 1, self.max_len)
-        return _Fill(row, len(ids), sampling, tokens, 0, tcache, dcache, feats)
+        self._fills[row] = _Fill(row, len(ids), sampling, tokens, 0, tcache, dcache, feats)
 
-    def _prefill_chunk(self, f: _Fill) -> bool:
-        """One chunk of the prompt; after the last one, its first token and its row in the
-        state. Whether the prompt is done (its row runs from the next step on)."""
-        c = self.prefill_chunk
+    def _drop(self, row: int) -> None:
+        """Forget the prefill of `row` (its request was cancelled)."""
+        del self._fills[row]
+
+    def _prefill_chunk(self, row: int) -> bool:
+        """One chunk of the prompt of `row`; after the last one, its first token and its row in
+        the state. Whether the prompt is done (its row runs from the next step on)."""
+        f, c = self._fills[row], self.prefill_chunk
         f.tcache, f.feats, f.hidden = loop.prompt_chunk_jit(
             self.gen.target_params, to_device(f.tokens[:, f.done:f.done + c], np.int32),
             to_device([f.done], np.int32), f.tcache, f.feats, lc=self.lc)
@@ -313,6 +359,7 @@ class Engine:
                                  to_device([f.prompt_len], np.int32), to_device([max_new], np.int32), keys,
                                  sampling_arrays([s]), f.tcache, f.dcache, f.feats, lc=self.lc, out_width=self.width)
         self._state = self._programs.insert(self._state, one, f.row)
+        del self._fills[row]
         if self.lc.catch_up_width:  # with no row running, only the newcomers' lag counts
             self._behind = max(self._behind if self._jobs else 0, f.prompt_len)
         return True
@@ -335,14 +382,19 @@ class Engine:
         """One step over the first `rows` rows, drafting `depth` levels (0: plain), the drafter
         first caught up if prefills or plain steps left it behind; returns the step's seconds."""
         while depth and self._behind > 0:
-            self._catch_up(rows)
+            self._call("catch_up", rows)
             self._behind -= self.lc.catch_up_width
-        t0 = time.perf_counter()
-        self._state = self._programs.step_rows(self.gen.target_params, self._dparams, self._vocab, self._state,
-                                         lc=self.lc, rows=rows, depth=depth)
-        jax.block_until_ready(self._state.num_generated)
+        seconds = self._call("step_rows", rows, depth)
         if self.lc.catch_up_width:
             self._behind = self._behind + 1 if depth == 0 else 0
+        return seconds
+
+    def _step_rows(self, rows: int, depth: int) -> float:
+        """The step program over the first `rows` rows at draft depth `depth`; its seconds."""
+        t0 = time.perf_counter()
+        self._state = self._programs.step_rows(self.gen.target_params, self._dparams, self._vocab, self._state,
+                                               lc=self.lc, rows=rows, depth=depth)
+        jax.block_until_ready(self._state.num_generated)
         return time.perf_counter() - t0
 
     def _finish(self, rows: list[int]) -> None:
@@ -350,6 +402,12 @@ class Engine:
             mask = np.zeros((self.max_rows,), bool)
             mask[rows] = True
             self._state = self._programs.finish_rows(self._state, to_device(mask, bool))
+
+    def _read(self, start: list[int]):
+        """Host copies of (num_generated [B], done [B], the next `tokens_per_step` output tokens of
+        each row from `start[b]` [B, W], stats)."""
+        return jax.tree.map(np.asarray, self._programs.read(self._state, to_device(start, np.int32),
+                                                            width=self.lc.tokens_per_step))
 
     def _warm_up(self, depths: tuple[int, ...], rounds: int = 4) -> dict:
         """Compile and run once: a prefill (a chunk, first token and insert), the step of
@@ -363,8 +421,8 @@ class Engine:
         Returns {(rows, depth, filtered): seconds} and {(rows, "catch_up"): seconds} (empty
         with one depth); leaves every row free."""
         warm = Sampling(max_new_tokens=2, temperature=1.0, top_p=0.9, top_k=8)
-        fill = self._fill(0, [0] * min(self.prefill_chunk, self.context_limit - 1), warm)  # one program: any start
-        while not self._prefill_chunk(fill):
+        self._fill(0, [0] * min(self.prefill_chunk, self.context_limit - 1), warm)  # one program: any start
+        while not self._prefill_chunk(0):
             pass
         runs = {}
         for rows in self.row_buckets:
@@ -384,7 +442,7 @@ class Engine:
                 for (rows, kind), run in timed.items():
                     key = (rows, kind) if kind == "catch_up" else (rows, kind, filtered)
                     costs[key] = min(costs.get(key, float("inf")), run())
-        self._observe()  # no rows: only the read
+        self._read([0] * self.max_rows)
         self._finish([0])
         self._state = self._empty()
         self.catch_ups = 0
@@ -420,9 +478,8 @@ class Engine:
                 self._drop_filling(job)
                 continue
             spent += self.prefill_chunk
-            if self._prefill_chunk(job.fill):
+            if self._call("prefill_chunk", job.row):
                 del self._filling[job.row]
-                job.fill = None
                 self._jobs[job.row] = job
                 started = True
         if started:
@@ -469,11 +526,12 @@ class Engine:
         for row, req in zip(free, taken):
             job = _Job(req, row, len(req.prompt_ids), StreamText(self.tokenizer, req.sampling.stop),
                        time.monotonic())
-            job.fill = self._fill(row, req.prompt_ids, req.sampling)
+            self._call("fill", row, list(req.prompt_ids), req.sampling)
             self._filling[row] = job
 
     def _drop_filling(self, job: _Job) -> None:
         """A request cancelled while its prompt was being prefilled."""
+        self._call("drop", job.row)
         with self._wake:
             del self._filling[job.row]
             self._running -= 1
@@ -485,8 +543,7 @@ class Engine:
         start = np.zeros((self.max_rows,), np.int32)
         for row, job in self._jobs.items():
             start[row] = len(job.toks)
-        n, done, new, stats = jax.tree.map(np.asarray, _read(self._state, to_device(start, np.int32),
-                                                             width=self.lc.tokens_per_step))
+        n, done, new, stats = self._call("read", start.tolist())
         now = time.monotonic()
         ended = {}  # row -> its Done
         counts = [int(n[row] - start[row]) for row in self._jobs]
@@ -501,7 +558,8 @@ class Engine:
                 job.req.push(Delta(piece, used))
             if job.text.stopped or final:
                 ended[row] = self._done(job, bool(done[row]), stats, now)
-        self._finish(list(ended))  # free rows filter nothing (loop.finish_rows)
+        if ended:
+            self._call("finish", list(ended))  # free rows filter nothing (loop.finish_rows)
         with self._wake:  # the rows are free before their requests hear of it
             reqs = [self._jobs.pop(row).req for row in ended]
             self._running -= len(ended)
@@ -525,7 +583,7 @@ class Engine:
         """A device call failed: every request in flight gets the error; the rows start empty."""
         for req in self._drain():
             req.push(e)
-        self._state = self._empty()
+        self._call("reset")
 
     def _abort_all(self) -> None:
         now = time.monotonic()
@@ -543,24 +601,35 @@ class Engine:
         return reqs
 
 
+# The engine calls a leader sends its followers (`Engine._call`): each is the method `_<name>`.
+_CALLS = ("fill", "drop", "prefill_chunk", "catch_up", "step_rows", "finish", "read", "reset")
+
+
 class _Programs(NamedTuple):
-    """The engine's jitted programs that return its batched state."""
+    """The engine's jitted programs: those that return its batched state, and the read."""
     step_rows: Callable
     catch_up_rows: Callable
     insert: Callable
     finish_rows: Callable
+    read: Callable
 
 
-def _programs(sharding) -> _Programs:
+def _programs(sharding, mesh) -> _Programs:
     """The loop's programs; on a mesh (`sharding`: the state's NamedShardings) compiled with the
     state's shardings pinned on their output, so that each step takes the state as the last
-    one left it (no resharding, no compile after warm-up)."""
+    one left it (no resharding, no compile after warm-up), and the read's output replicated (every
+    process reads it whole)."""
     if sharding is None:
-        return _Programs(loop.step_rows_jit, loop.catch_up_rows_jit, loop.insert_jit, loop.finish_rows_jit)
+        return _Programs(loop.step_rows_jit, loop.catch_up_rows_jit, loop.insert_jit, loop.finish_rows_jit,
+                         _read_jit)
     pin = partial(jax.jit, donate_argnames=("state",), out_shardings=sharding)
     return _Programs(pin(loop.step_rows, static_argnames=("lc", "rows", "depth")),
                      pin(loop.catch_up_rows, static_argnames=("lc", "rows")),
-                     pin(loop.insert), pin(loop.finish_rows))
+                     pin(loop.insert), pin(loop.finish_rows),
+                     jax.jit(_read_rows, static_argnames=("width",), out_shardings=NamedSharding(mesh, PartitionSpec())))
+
+
+_read_jit = jax.jit(_read_rows, static_argnames=("width",))
 
 
 def _row_config(gen, speculative: bool) -> loop.LoopConfig:

@@ -40,6 +40,11 @@ A client that disconnects cancels its request (its row ends at the next step)
 and is reported in one console line; one that half-closes after a whole request
 gets its answer. SIGTERM drains (--shutdown-timeout) and exits 0.
 
+Across hosts (`--mesh` over every process's devices, `--num-processes N --process-id I
+--coordinator-address HOST:PORT`, the same command in each process): process 0 serves HTTP and
+runs the scheduler; the others serve nothing and make process 0's engine calls in the same order
+(eagle_jax/engine/lockstep.py), so that every SPMD step runs on every host.
+
 Stack: FastAPI (Starlette) on uvicorn rather than aiohttp, by fit: it is what
 the OpenAI-compatible peers run (vLLM, SGLang), its pydantic models check the
 request bodies, streaming responses cancel on disconnect, and uvicorn takes a
@@ -63,7 +68,7 @@ import argparse
 import logging
 import os
 
-from eagle_jax.cli.args import add_model_arguments, generator_from_args
+from eagle_jax.cli.args import add_model_arguments, add_multihost_arguments, generator_from_args, join_processes
 from eagle_jax.serve.limits import Limits, PortInUse, bind
 from eagle_jax.sharding import parse_mesh
 
@@ -111,6 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longest prompt accepted, in tokens (default: what the context leaves room for)")
     add_model_arguments(p)
+    add_multihost_arguments(p, "process 0 serves HTTP and schedules, the others make its engine calls")
 
 
 def _port(s: str) -> int:
@@ -156,6 +162,8 @@ def main(args) -> int:
         print(f"eagle-jax serve: error: --max-batch must be a positive multiple of the mesh's data axis ({data}): "
               f"each data shard holds as many rows; got {args.max_batch}", flush=True)
         return 1
+    if not join_processes(args, args.mesh):  # a process other than 0: no HTTP, it follows process 0's engine
+        return _follow(args)
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second
     except PortInUse as e:
@@ -186,6 +194,19 @@ def main(args) -> int:
         pass
     finally:
         server.server_close()
+    return 0
+
+
+def _follow(args) -> int:
+    """Process > 0 of a multi-process server: the engine process 0 makes (the same settings, so
+    the same programs), following its calls until it closes (eagle_jax/engine/lockstep.py)."""
+    from eagle_jax.engine import Engine
+
+    engine = Engine(generator_from_args(args), max_rows=args.max_batch, max_len=args.max_len,
+                    draft_name=short_name(args.draft), prefill_chunk=args.prefill_chunk,
+                    prefill_budget=args.prefill_budget, adaptive=not args.fixed_draft_depth)
+    print(f"eagle-jax serve: process {args.process_id} follows process 0's engine", flush=True)
+    engine.follow()
     return 0
 
 

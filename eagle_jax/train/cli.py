@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eagle_jax.cli.args import add_multihost_arguments, join_processes
 from eagle_jax.config import ConfigError
 from eagle_jax.train.datastore import read_conversations
 
@@ -79,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key (value parsed as YAML), repeatable")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None)
+    add_multihost_arguments(p, "process 0 writes the log, the exports and the model card; every process "
+                               "builds only its rows of each batch and writes its part of the checkpoints")
 
 
 _FLAG_KEYS = ("variant", "target", "data", "max_conversations", "init_from", "resume_from", "export_state",
@@ -210,6 +213,7 @@ def main(args) -> int:
     from eagle_jax.train.trainer import Trainer
 
     cfg = load_config(args)
+    join_processes(args, cfg.mesh)
     enable_compilation_cache()
     lt, examples, vocab, prompts, info = prepare(cfg)
     print(json.dumps({"data": info}), file=sys.stderr)

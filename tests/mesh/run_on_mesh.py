@@ -4,9 +4,10 @@ given, and the collectives of one sharded speculative step. Prints one JSON obje
 
     python tests/mesh/run_on_mesh.py [--engine plain,chain,tree] 1x8 2x4
 
-With `--join HOST:PORT N I` it is process I of N (tests/mesh/test_multihost.py): the devices
+With `--join HOST:PORT N I` it is process I of N (tests/mesh/test_mesh.py): the devices
 are split evenly between the processes, joined by `eagle_jax.runtime.initialize_distributed`,
-and it decodes on the meshes only (the reference comes from a single process).
+and it decodes on the meshes only (the reference comes from a single process); the engine's
+scheduler runs in process 0 and the others follow its calls (`Engine.follow`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ join = None
 engine_methods = ("plain", "chain", "tree")
 if args[:1] == ["--engine"]:  # the methods the engine runs (comma-separated; "" none)
     engine_methods, args = tuple(m for m in args[1].split(",") if m), args[2:]
-if args[:1] == ["--join"]:  # the engine runs in one process (its multi-host serving is not here yet)
-    join, args, engine_methods = (args[1], int(args[2]), int(args[3])), args[4:], ()
+if args[:1] == ["--join"]:  # process 0 runs the engine's scheduler, the others follow it (engine/lockstep.py)
+    join, args = (args[1], int(args[2]), int(args[3])), args[4:]
 meshes = args
 devices = max((int(d) * int(m) for d, m in (x.split("x") for x in meshes)), default=1)
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices // (join[1] if join else 1)}"
@@ -46,7 +47,6 @@ from eagle_jax.engine import Engine, Sampling  # noqa: E402
 from eagle_jax.models import target  # noqa: E402
 from eagle_jax.models.drafter import Drafter  # noqa: E402
 from eagle_jax.sharding import make_mesh, parse_mesh, shard_model, to_host  # noqa: E402
-from eagle_jax.tokenizer import Tokenizer  # noqa: E402
 
 # 8 query and 8 KV heads of 8, MLP 128, vocabulary 8 (random drafts hit often): every mesh axis up to 8
 # divides them.
@@ -66,25 +66,18 @@ def run(mesh, method, impl="xla"):
     return g, {"tokens": out.token_ids, "accepted": out.stats.get("accepted_tokens", 0)}
 
 
-def tiny_tokenizer() -> Tokenizer:
-    """A word-level tokenizer of the target's 8 tokens ("t0" .. "t7"): the engine streams text."""
-    from tokenizers import Tokenizer as Tokens, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tokens = Tokens(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token="t0"))
-    tokens.pre_tokenizer, tokens.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
-    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokens))
-
-
 def engine(mesh, method) -> dict:
     """The engine on the mesh, two rows a data shard: the prompts submitted at once (on one
     data shard more than its rows: they queue; on several, a row bucket of one row a shard),
     their greedy text; compiles after the warm-up (none); the collectives of its compiled
     step over every row and over its smallest row bucket; a stream."""
     kw = {} if method == "plain" else {"drafter": drafter, "spec": specs[method]}
-    g = Generator(cfg, params, tiny_tokenizer(), impl="xla", mesh=parse_mesh(mesh) if mesh else None, **kw)
+    g = Generator(cfg, params, H.word_tokenizer(cfg.vocab_size), impl="xla", mesh=parse_mesh(mesh) if mesh else None, **kw)
     data = g.mesh.shape["data"] if g.mesh is not None else 1
     e = Engine(g, max_rows=2 * data, max_len=64, adaptive=False, speculative=method != "plain")
+    if not e.leads:  # a process other than 0: it makes process 0's engine calls until it closes
+        e.follow()
+        return {"followed": e.closed}
     compiles = []
     listen = lambda event, _s, **_: compiles.append(event) if event.startswith("/jax/core/compile/") else None
     jax.monitoring.register_event_duration_secs_listener(listen)
@@ -93,8 +86,9 @@ def engine(mesh, method) -> dict:
         texts = ["".join(ev.text for ev in r if hasattr(ev, "text")) for r in reqs]
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
-    out = {"texts": texts, "compiles": len(compiles), "buckets": e.row_buckets,
-           "stream": "".join(g.stream(prompts[0], max_new_tokens=12, chat=False))}
+    out = {"texts": texts, "compiles": len(compiles), "buckets": e.row_buckets}
+    if jax.process_count() == 1:  # `Generator.stream` makes a one-row engine: one process only
+        out["stream"] = "".join(g.stream(prompts[0], max_new_tokens=12, chat=False))
     if g.mesh is not None:
         with g.mesh_scope():
             for rows in sorted({e.row_buckets[0], e.max_rows}):
@@ -137,7 +131,7 @@ for method in ("plain", "chain", "tree") if not join else ():
     result["reference"][method] = run(None, method)[1]
     if method in engine_methods:
         result["reference"][method]["engine"] = engine(None, method)
-        result["reference"][method]["engine"]["want"] = [tiny_tokenizer().decode(t, skip_special_tokens=True)
+        result["reference"][method]["engine"]["want"] = [H.word_tokenizer(cfg.vocab_size).decode(t, skip_special_tokens=True)
                                                          for t in result["reference"][method]["tokens"]]
 for mesh in meshes:
     result["meshes"][mesh] = {}

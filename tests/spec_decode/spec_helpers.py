@@ -70,5 +70,17 @@ def smollm2_random_drafter(tcfg, variant, draft_vocab=4096, seed=11, scale=0.02)
     return cfg, params, drafter.DraftVocab.from_target_ids(ids, tcfg.vocab_size)
 
 
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer of a tiny target's tokens ("t0" .. "t<vocab-1>"): engines stream text."""
+    from tokenizers import Tokenizer as Tokens, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from eagle_jax.tokenizer import Tokenizer
+
+    tokens = Tokens(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokens.pre_tokenizer, tokens.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokens))
+
+
 def with_eos(cfg, eos):
     return dataclasses.replace(cfg, eos_token_ids=tuple(eos))
