@@ -11,7 +11,7 @@ import argparse
 import json
 
 from eagle_jax.config import ConfigError
-from eagle_jax.plan import GIB, plan, resolve_config
+from eagle_jax.plan import GIB, MLADrafterTensors, plan, resolve_config
 from eagle_jax.sharding import parse_mesh
 
 __all__ = ["add_arguments", "main"]
@@ -99,7 +99,12 @@ def _plan_serve(args) -> tuple[dict, str]:
     _refuse(args, _TRAIN_ONLY, "training flags: give --train")
     target_cfg = target_config_from_hf(resolve_config(args.target), args.target)
     draft = args.draft or "none"
-    drafter_cfg = None if draft == "none" else drafter_config_from_dict(resolve_config(draft), target_cfg)
+    drafter_cfg = None
+    if draft != "none":
+        d = resolve_config(draft)
+        # an MLA drafter (kv_lora_rank): counted as vLLM's tensors (`plan.MLADrafterTensors`)
+        drafter_cfg = (MLADrafterTensors.from_dict(d, target_cfg) if d.get("kv_lora_rank") is not None
+                       else drafter_config_from_dict(d, target_cfg))
     batch, context = args.batch or 1, args.context or 4096
     verify, dtype = args.verify_tokens or 16, args.dtype or "bfloat16"
     out = plan(target_cfg, drafter_cfg, parse_mesh(args.mesh), batch=batch, context=context, verify_tokens=verify,

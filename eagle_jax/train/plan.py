@@ -52,7 +52,7 @@ import jax.numpy as jnp
 
 from eagle_jax.config import TargetConfig
 from eagle_jax.models import drafter, target
-from eagle_jax.plan import param_bytes
+from eagle_jax.plan import param_bytes, weight_heads
 from eagle_jax.sharding import CACHE_AXES, MeshShape, fsdp_dim, parse_mesh, per_device_elements
 from eagle_jax.train.config import DTYPES, TrainConfig
 from eagle_jax.train.features import _vocab_chunks
@@ -85,7 +85,7 @@ def _feature_activations(tcfg: TargetConfig, mesh: MeshShape, batch: int, t: int
                          itemsize: int) -> int:
     """The feature pass's estimate (module docstring), on one device: the larger of its layer
     stage and its vocabulary stage."""
-    heads = (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim)
+    heads = weight_heads(tcfg)
     rows = _split(batch, mesh.data)
     cache = 2 * per_device_elements((tcfg.num_layers, batch, tcfg.num_kv_heads, t, tcfg.head_dim), CACHE_AXES,
                                     mesh, heads) * itemsize
@@ -127,7 +127,7 @@ def plan_train(tcfg: TargetConfig, cfg: TrainConfig) -> dict:
     dtype, param_dtype = jnp.dtype(DTYPES[cfg.dtype]), jnp.dtype(DTYPES[cfg.param_dtype])
     feature_dtype = jnp.dtype(DTYPES[cfg.target_dtype or cfg.dtype])
     b, t = cfg.batch_size, cfg.seq_len
-    heads = (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim)
+    heads = weight_heads(tcfg)
     key = jax.random.key(0)
 
     def target_bytes(dt):
