@@ -9,22 +9,31 @@ Shapes come from abstract evaluation (`jax.eval_shape` of the models' own
 `init_params` and `create_cache`: nothing is allocated), their split from
 eagle_jax/sharding.py's rules. A target or drafter is a config.json file, a
 directory holding one, or the name of one shipped in eagle_jax/configs/
-(Llama 3.1 8B / 70B and their EAGLE-3 drafters, as their Hugging Face
-repositories publish them) or eagle_jax/drafters/. Per device:
+(Llama 3.1 8B / 70B and their EAGLE-3 drafters, DeepSeek-V3, Kimi K2 and K2.6
+and K2.6's EAGLE 3.1 MLA drafter, as their Hugging Face repositories publish
+them: sources in tests/test_plan.py) or eagle_jax/drafters/. Per device:
 
 - weights: target and drafter parameters in `--dtype` (the drafter's
-  embedding is the target's, unless its checkpoint carries its own);
+  embedding is the target's, unless its checkpoint carries its own; a MoE
+  router stays float32), MoE experts split whole over the model axis;
 - KV caches: target and drafter, `--batch` rows of `--context` slots plus a
-  step's scratch (`--verify-tokens`);
+  step's scratch (`--verify-tokens`); an MLA model's is the latent and rope
+  key a token and layer (`models.mla.create_cache`), whole on every model
+  shard (it has no head axis), rows split over data;
 - drafter features: what the serving engine keeps of the target's features
   for its lazy drafter to read (`spec_decode/loop.py` `create_feats`): float32
   [A*Ht] and a token for every slot of every row, rows over the data axis;
 - activations: an estimate from shapes of the largest set live at once in
   one verify step of `--verify-tokens` tokens a row: the residual stream and
-  its normed copy, plus the largest of the attention stage (q|k|v and the
-  float32 scores and probabilities over the context), the MLP stage (gate|up
-  and their product) and the float32 logits. XLA's own buffer assignment
-  decides the real figure; the estimate is there to size, not to promise.
+  its normed copy, plus the largest of the attention stage (q|k|v, or MLA's
+  projections and latent-space queries, and the float32 scores and
+  probabilities over the context), the MLP stage (gate|up and their product;
+  a MoE layer's per token-expert pair) and the float32 logits. XLA's own
+  buffer assignment decides the real figure; the estimate is there to size,
+  not to promise.
+
+An MLA drafter (a config with `kv_lora_rank`: vLLM's Eagle3DeepseekV2ForCausalLM)
+is counted as the tensors vLLM builds from its config (`MLADrafterTensors`).
 """
 
 from __future__ import annotations
