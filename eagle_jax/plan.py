@@ -201,8 +201,8 @@ class MLADrafterTensors:
         return out
 
     def weight_bytes(self, mesh: MeshShape, itemsize: int) -> int:
-        heads = (self.num_heads, self.num_heads, self.mla.v_head_dim)
-        return sum(per_device_elements(shape, axes, mesh, heads) for shape, axes in self.tensors().values()) * itemsize
+        return sum(per_device_elements(shape, axes, mesh, weight_heads(self))
+                   for shape, axes in self.tensors().values()) * itemsize
 
 
 def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | MLADrafterTensors | None, mesh: MeshShape, *,
