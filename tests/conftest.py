@@ -202,6 +202,16 @@ SLOW = {
         "tests/spec_decode/test_disable_by_batch_size.py; the adaptive engine's cases",
     "tests/cli/test_cli.py::test_batch_over_disable_by_batch_size_decodes_plainly":
         "tests/spec_decode/test_disable_by_batch_size.py",
+    # decoding properties with a cheaper case of the same property in the default tier (2026-12-08 budget)
+    "tests/spec_decode/test_greedy_equivalence.py::test_moe_targets[deepseek-tree]":
+        "the MoE / MLA logits and cached decode against transformers (tests/convert/test_moe_targets.py); "
+        "[llama-eagle31-tree] of the tiny targets",
+    "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_coupled_samples[tree]": "[chain]",
+    "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[chain]":
+        "tests/engine/test_engine.py::test_seeded_requests_sample_the_same_alone_under_load_and_plain",
+    "tests/spec_decode/test_stream.py::test_stream_equals_generate":
+        "tests/engine/test_engine.py::test_staggered_greedy_requests_match_each_alone[chain]; the stream's "
+        "finish-reason and stop-string cases",
     # training, state and benchmarks run whole
     "tests/train/test_trainer.py::test_training_improves_acceptance": "the trainer's step and resume cases",
     "tests/train/test_trainer.py::test_sigkill_resumes_from_last_checkpoint":

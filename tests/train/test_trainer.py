@@ -332,7 +332,8 @@ def test_config_errors_and_overrides(tmp_path):
     assert len(configs) >= 4
     for path in configs:  # every shipped config parses
         cfg = cli.load_config(parser.parse_args(["--config", str(path)]))
-        assert cfg.variant == ("eagle3.1" if "eagle31" in path.name else "eagle3")
+        eagle3 = path.stem in ("smollm2-eagle3", "smollm2-eagle3-stage2", "smollm2-matched")  # matched: 3 by default
+        assert cfg.variant == ("eagle3" if eagle3 else "eagle3.1"), path.name
 
 
 # ----------------------------------------------------------------------------- end to end
