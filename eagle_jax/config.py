@@ -127,7 +127,9 @@ class MLAConfig:
     mscale(factor, `mscale_all_dim`)^2 under YaRN when mscale_all_dim is set.
     `rope_interleave`: the rope columns of the q and kv_a projections hold
     interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's layout, transformers'
-    default), else the rotate-half layout.
+    default), else the rotate-half layout. `norm_eps`: the epsilon of the q_a and
+    kv_a RMSNorms (transformers builds them with 1e-6 whatever rms_norm_eps; vLLM,
+    SGLang and TorchSpec build an EAGLE drafter's with its rms_norm_eps).
     """
 
     kv_lora_rank: int
@@ -137,6 +139,7 @@ class MLAConfig:
     v_head_dim: int
     mscale_all_dim: float = 0.0
     rope_interleave: bool = True
+    norm_eps: float = 1e-6
 
     def __post_init__(self):
         _positive("MLAConfig", kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
@@ -145,6 +148,8 @@ class MLAConfig:
             _positive("MLAConfig", q_lora_rank=self.q_lora_rank)
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
+            raise ConfigError(f"MLAConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
 
     @property
     def qk_head_dim(self) -> int:
@@ -163,6 +168,9 @@ class _AttentionShape:
     head_dim: int
     intermediate_size: int
     fused_groups: int
+    qkv_bias: bool
+    o_bias: bool
+    mla: MLAConfig | None
 
     def _check_heads(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -174,6 +182,19 @@ class _AttentionShape:
         if not isinstance(g, int) or g < 1 or self.num_kv_heads % g or self.intermediate_size % g:
             raise ConfigError(f"fused_groups ({g!r}) must be a positive integer dividing num_key_value_heads "
                               f"({self.num_kv_heads}) and intermediate_size ({self.intermediate_size})")
+
+    def _check_mla(self, owner: str) -> None:
+        """With multi-head latent attention (`mla`): head_dim is the rotary head dim and
+        num_kv_heads = num_heads (as transformers sets them); no q/k/v or o biases and one
+        column group (MLA has no fused q|k|v projection)."""
+        m = self.mla
+        if m is None:
+            return
+        if self.head_dim != m.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
+            raise ConfigError(f"an MLA {owner} has head_dim = qk_rope_head_dim ({m.qk_rope_head_dim}) and "
+                              f"num_kv_heads = num_heads ({self.num_heads}), got {self.head_dim}, {self.num_kv_heads}")
+        if self.qkv_bias or self.o_bias or self.fused_groups != 1:
+            raise ConfigError(f"an MLA {owner} has no q/k/v or o biases and fused_groups 1")
 
     @property
     def q_size(self) -> int:
@@ -228,13 +249,9 @@ class TargetConfig(_AttentionShape):
         self._check_heads()
         if self.moe is not None and not all(0 <= i < self.num_layers for i in self.moe.layers):
             raise ConfigError(f"MoE layers {self.moe.layers} outside [0, {self.num_layers})")
-        if self.mla is not None:
-            if self.head_dim != self.mla.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
-                raise ConfigError(f"an MLA target has head_dim = qk_rope_head_dim ({self.mla.qk_rope_head_dim}) and "
-                                  f"num_kv_heads = num_heads ({self.num_heads}), got {self.head_dim}, "
-                                  f"{self.num_kv_heads}")
-            if self.qkv_bias or self.o_bias or self.qk_norm:
-                raise ConfigError("an MLA target has no q/k/v or o biases and no q/k norms")
+        self._check_mla("target")
+        if self.mla is not None and self.qk_norm:
+            raise ConfigError("an MLA target has no q/k norms")
 
     @property
     def per_layer(self) -> bool:
@@ -271,6 +288,12 @@ class DrafterConfig(_AttentionShape):
     vLLM's `parallel_drafting`): one forward proposes a k-token chain, positions 2..k
     fed the placeholder, i.e. the embedding row of this token id and the learned
     `mask_hidden` [A*Ht] projected like target features (`models.drafter.draft_parallel`).
+
+    `mla` (None: grouped-query attention) makes the layer attend with multi-head latent
+    attention over a compressed cache (`models.mla`; vLLM's `Eagle3DeepseekV2ForCausalLM`,
+    the Kimi K2.x drafters): its q_a and kv_a projections read the same 2H input the
+    q/k/v projections would; then `head_dim` is qk_rope_head_dim and `num_kv_heads` =
+    `num_heads`, as for an MLA target.
     """
 
     hidden_size: int
@@ -299,6 +322,7 @@ class DrafterConfig(_AttentionShape):
     num_aux_states: int = 3  # only read while aux_layer_ids is ()
     fused_groups: int = 1  # see _AttentionShape
     mask_token_id: int | None = None  # the P-EAGLE placeholder token; None: not a parallel drafter
+    mla: MLAConfig | None = None  # multi-head latent attention; None: grouped-query attention
 
     def __post_init__(self):
         m = self.mask_token_id
@@ -321,6 +345,7 @@ class DrafterConfig(_AttentionShape):
                 f"vocab_size ({self.vocab_size})"
             )
         self._check_heads()
+        self._check_mla("drafter")
 
     @property
     def num_aux(self) -> int:

@@ -72,9 +72,11 @@ class Generator:
             resolved = ops.resolve_on_devices(impl, mesh.devices if mesh is not None else 1)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        if target_cfg.mla is not None and resolved == "native":  # MLA's compressed cache (models/mla.py)
+        mla_model = "target" if target_cfg.mla is not None else (
+            "drafter" if drafter is not None and drafter[0].mla is not None else None)
+        if mla_model is not None and resolved == "native":  # MLA's compressed cache (models/mla.py)
             if impl != "auto":
-                raise ConfigError("an MLA target runs on the XLA or Pallas impls, not the native CPU kernels")
+                raise ConfigError(f"an MLA {mla_model} runs on the XLA or Pallas impls, not the native CPU kernels")
             resolved = "xla"
         impl = resolved
         if mesh is not None and mesh.devices > 1:

@@ -19,6 +19,12 @@ frontier nodes with a tree `mask`) and the training-time-test unroll (a
 A parallel drafter (P-EAGLE, `DrafterConfig.mask_token_id` set) has one more
 parameter, `mask_hidden` [A*Ht], and `draft_parallel` proposes a whole chain in
 one forward: the real entries, then k - 1 placeholder slots.
+
+An MLA drafter (`DrafterConfig.mla` set: vLLM's `Eagle3DeepseekV2ForCausalLM`, the
+Kimi K2.x drafters) is the same layer with `models.mla`'s attention: its [q_a | kv_a]
+projection `wqkv_a` reads concat(input_layernorm(e), hidden_norm(h)) where the
+q/k/v projection would, and its cache holds the compressed latents and rope keys
+(`mla.create_cache`). It runs on the XLA and Pallas impls, as an MLA target does.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from flax import nnx
 from eagle_jax.cache import KVCache, causal_mask, committed_mask
 from eagle_jax.config import DrafterConfig
 from eagle_jax.kernels import ops
+from eagle_jax.models import mla
 from eagle_jax.models.layers import (attend_after_write, param_values,
                                      rotated_heads, set_params, swiglu_mlp)
 from eagle_jax.nn import rms_norm, rope_tables
@@ -47,6 +54,9 @@ LAYER_AXES: dict[str, tuple[str, ...]] = {
     "input_layernorm": ("embed",), "hidden_norm": ("embed",), "post_attention_layernorm": ("embed",),
     "wqkv": ("embed2", "qkv"), "bqkv": ("qkv",), "wo": ("q_heads", "embed"), "bo": ("embed",),
     "w_gate_up": ("embed", "ffw2"), "w_down": ("ffw", "embed"),
+    # MLA (models/mla.py)
+    "wqkv_a": ("embed2", "mla_a"), "q_a_norm": ("q_lora",), "wq_b": ("q_lora", "mla_q"),
+    "kv_a_norm": ("kv_lora",), "wkv_b": ("kv_lora", "mla_kv"),
 }
 _FC_COLUMNS = RULES[AXES["fc"][-1]]  # the mesh axis of fc's columns (None: replicated)
 
@@ -80,6 +90,9 @@ class DraftVocab:
 
 
 def create_cache(cfg: DrafterConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    """Per-head K/V [1, B, Hkv, S, D]; for MLA the latents and rope keys (`mla.create_cache`)."""
+    if cfg.mla is not None:
+        return mla.create_cache(cfg.mla, 1, batch, max_len, dtype)
     return KVCache.create(1, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
@@ -130,7 +143,8 @@ class Drafter(nnx.Module):
     def layer_forward(self, tokens, hidden, positions, attend, *, embed=None, impl: str = "auto"):
         """The decoder layer with the attention supplied by
         `attend(qkv, cos, sin) -> (out [B, T, Hq*D], extra)`: it gets the fused
-        projection and the RoPE tables (`layers.rotated_heads` splits and rotates them).
+        projection and the RoPE tables (`layers.rotated_heads` splits and rotates them;
+        for MLA, qkv is the [q_a | kv_a] projection and out [B, T, h*Dv]).
         Shared by the call (extra: the cache with the new K/V written) and the
         training-time-test unroll (train/ttt.py, extra: the rotated k and v),
         which attends differently.
@@ -146,9 +160,10 @@ class Drafter(nnx.Module):
             raise ValueError("this drafter has no embed_tokens: pass the target's embedding as embed=")
         e = ops.embed(embed, tokens, impl=impl).astype(hidden.dtype)
         residual = rms_norm(hidden, layer["hidden_norm"], eps) if cfg.norm_before_residual else hidden
-        # q/k/v read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
+        # q/k/v (MLA: q_a/kv_a) read concat(input_layernorm(e), hidden_norm(hidden)): two normalised segments.
         norms = jnp.stack([layer["input_layernorm"], layer["hidden_norm"]])
-        qkv = ops.fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms, layer["wqkv"], eps=eps,
+        qkv = ops.fused_norm_matmul(jnp.concatenate([e, hidden], axis=-1), norms,
+                                    layer["wqkv" if cfg.mla is None else "wqkv_a"], eps=eps,
                                     segments=2, bias=layer.get("bqkv"), impl=impl)
         cos, sin = rope_tables(positions, cfg.rope, cfg.head_dim)
         out, extra = attend(qkv, cos, sin)
@@ -193,6 +208,9 @@ class Drafter(nnx.Module):
         """
         cfg = self.cfg
         b, t = tokens.shape
+        if cfg.mla is not None and ops.is_native(impl):
+            raise ValueError("an MLA drafter runs on the XLA or Pallas impls: the native CPU kernels "
+                             "take per-head K/V caches (pass impl='xla')")
         committed_only = slot_mask is None and cfg.sliding_window is None  # the native kernel's default
         if slot_mask is None:
             slot_mask = committed_mask(cache.lengths, cache.max_len, t)
@@ -205,6 +223,9 @@ class Drafter(nnx.Module):
         native = ops.attends_natively(impl, t, cfg.head_dim, cfg.fused_groups)
 
         def attend(qkv, cos, sin):
+            if cfg.mla is not None:
+                return mla.latent_attention_block(param_values(self.layer), cfg, qkv, cos, sin, cache, 0, slot_mask,
+                                                  new_mask, impl=impl)
             if native:
                 out, k_cache, v_cache = ops.attention(qkv, cos, sin, cache.k, cache.v, 0, cache.lengths, new_mask,
                                                       num_heads=cfg.num_heads,
@@ -299,10 +320,20 @@ def init_params(cfg: DrafterConfig, key, dtype=jnp.float32, scale: float = 0.02)
     def ones_ish(*shape):
         return (1.0 + 0.1 * jax.random.normal(next(keys), shape)).astype(dtype)
 
-    qkv = cfg.q_size + 2 * cfg.kv_size
-    layer = {"input_layernorm": ones_ish(h), "hidden_norm": ones_ish(h), "wqkv": w(2 * h, qkv),
-             "wo": w(cfg.q_size, h), "post_attention_layernorm": ones_ish(h),
-             "w_gate_up": w(h, 2 * f), "w_down": w(f, h)}
+    if cfg.mla is None:
+        qkv = cfg.q_size + 2 * cfg.kv_size
+        layer = {"input_layernorm": ones_ish(h), "hidden_norm": ones_ish(h), "wqkv": w(2 * h, qkv),
+                 "wo": w(cfg.q_size, h)}
+    else:
+        m, heads = cfg.mla, cfg.num_heads
+        q_a = m.q_lora_rank or heads * m.qk_head_dim
+        layer = {"input_layernorm": ones_ish(h), "hidden_norm": ones_ish(h),
+                 "wqkv_a": w(2 * h, q_a + m.kv_lora_rank + m.qk_rope_head_dim), "kv_a_norm": ones_ish(m.kv_lora_rank),
+                 "wkv_b": w(m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim)),
+                 "wo": w(heads * m.v_head_dim, h)}
+        if m.q_lora_rank is not None:
+            layer.update(q_a_norm=ones_ish(q_a), wq_b=w(q_a, heads * m.qk_head_dim))
+    layer.update(post_attention_layernorm=ones_ish(h), w_gate_up=w(h, 2 * f), w_down=w(f, h))
     if cfg.qkv_bias:
         layer["bqkv"] = w(qkv)
     if cfg.o_bias:

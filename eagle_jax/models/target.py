@@ -53,7 +53,7 @@ LAYER_AXES: dict[str, tuple[str, ...]] = {
 def create_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
     """Per-head K/V [L, B, Hkv, S, D]; for MLA the latents and rope keys (`mla.create_cache`)."""
     if cfg.mla is not None:
-        return mla.create_cache(cfg, batch, max_len, dtype)
+        return mla.create_cache(cfg.mla, cfg.num_layers, batch, max_len, dtype)
     return KVCache.create(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 

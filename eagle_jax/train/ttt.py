@@ -129,6 +129,8 @@ def unroll(dparams, dcfg: DrafterConfig, embed, aux, input_ids, lengths, num_ste
     mask. :func:`unroll_reference` is the same computation through
     ``Drafter.step`` and :func:`step_masks`; the tests hold the two equal.
     """
+    if dcfg.mla is not None:
+        raise ValueError("training an MLA drafter is not implemented: the TTT attention takes per-head K/V")
     b, t = input_ids.shape
     _check_length(num_steps, t)
     valid = jnp.arange(t, dtype=jnp.int32)[None] < lengths[:, None]
