@@ -54,8 +54,25 @@ Rules decided here (README "Drafters"; the other converters agree):
 * **Layer family**: `model_type` "llama" or "qwen2" is the Llama EAGLE-3 layer
   vLLM runs for both; biases come from `attention_bias` alone (q/k/v and o; a
   Qwen2 config has no such key, and SpecForge's trainer uses none). "qwen3"
-  (q_norm/k_norm) and MLA drafters (`kv_lora_rank`, DeepSeek/Kimi types) are
-  refused with `UnsupportedDrafterError`.
+  (q_norm/k_norm) is refused with `UnsupportedDrafterError`.
+* **MLA drafters** (vLLM's `Eagle3DeepseekV2ForCausalLM`, the Kimi K2.x drafters
+  TorchSpec trains: architecture `Eagle3Deepseek*`, a DeepSeek / Kimi `model_type`
+  or `kv_lora_rank`) set `DrafterConfig.mla` (docs/notes/mla-drafter.md). vLLM
+  reads the config as a transformers `DeepseekV3Config`, whose class defaults fill
+  any absent key, so every field the layer uses must be named: `kv_lora_rank`,
+  `q_lora_rank` (null: queries from the 2H input), `qk_nope_head_dim`,
+  `qk_rope_head_dim`, `v_head_dim`, `rms_norm_eps` (also the q_a / kv_a norms'),
+  `rope_theta`; `rope_scaling` absent or null means none, else it is DeepSeek's YaRN
+  with `factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
+  `mscale`, `mscale_all_dim` all named (vLLM runs any `rope_scaling` as
+  `deepseek_yarn`: cos/sin times mscale(factor, mscale) / mscale(factor,
+  mscale_all_dim), softmax scale times mscale(factor, mscale_all_dim)^2). The rope
+  columns are interleaved pairs (vLLM's `is_neox_style=False`). Keys that would
+  change that computation otherwise (`rope_interleave` false, another rope type,
+  `attention_factor`, `attn_factor` / `extrapolation_factor` other than 1,
+  `apply_yarn_scaling` false, DeepSeek-V3.2's `index_topk`, `attention_bias`, a
+  sliding layer) are refused; the MoE keys of a DeepSeek config are not read (the
+  drafter's MLP is dense, as vLLM builds it). There is no speculators MLA format.
 * **Attention window**: the layer is sliding-window iff `layer_types` is
   `["sliding_attention"]` (HF, vLLM and speculators read only that; a Qwen2
   config without `layer_types` derives it as HF does from `use_sliding_window`
@@ -90,9 +107,10 @@ import contextlib
 import contextvars
 import difflib
 import logging
+import math
 from typing import Any
 
-from eagle_jax.config import ConfigError, DrafterConfig, RopeConfig, TargetConfig
+from eagle_jax.config import ConfigError, DrafterConfig, MLAConfig, RopeConfig, TargetConfig
 
 __all__ = [
     "AUX_LAYER_SEMANTICS",
@@ -156,6 +174,12 @@ AUX_LAYER_SEMANTICS = _SGLANG_SEMANTICS + _VLLM_SEMANTICS
 _LAYER_FAMILIES = ("llama", "qwen2")  # both run as vLLM's Llama EAGLE-3 layer
 _MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim")
 _MLA_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
+MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"  # vLLM's (Eagle3DeepseekV3ForCausalLM is its alias)
+# The MLA fields an MLA drafter config must name (module docstring), and its YaRN's.
+_MLA_REQUIRED = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "rms_norm_eps", "rope_theta")
+_MLA_YARN_REQUIRED = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                      "mscale_all_dim")
 # Keys that change what the layer computes, with the values the drafter implements
 # (null counts as absent).
 _IMPLEMENTED_VALUES = {
@@ -166,6 +190,10 @@ _IMPLEMENTED_VALUES = {
     "partial_rotary_factor": (1, 1.0),
     "is_causal": (True,),
     "attn_logit_softcapping": (),
+    # ModelOpt / Megatron eagle_config switches (TorchSpec's Kimi configs carry them): the EAGLE-3 layer's values
+    "use_input_layernorm_in_first_layer": (True,),
+    "use_last_layernorm": (True,),
+    "use_mtp_layernorm": (False,),
 }
 _SUPPORTED_SPECULATORS_TYPES = ("eagle3", "peagle")
 # transformer_layer_config is a serialized LlamaConfig; transformers 4's
@@ -386,15 +414,13 @@ def _aux_ids(top: dict, fmt: str, target_cfg: TargetConfig | None,
 
 
 def _layer_family(top: dict, layer: dict, where: str) -> str:
-    """The drafter layer's model_type, refusing the families the drafter does not implement."""
+    """The drafter layer's family: its model_type ("llama", "qwen2"), or "mla" (module
+    docstring), refusing the families the drafter does not implement."""
     model_type = layer.get("model_type", "llama")
     archs = [a for a in (top.get("architectures") or []) if isinstance(a, str)]
-    mla = [k for k in _MLA_KEYS if layer.get(k) is not None]
-    if mla or model_type in _MLA_TYPES or any("Deepseek" in a for a in archs):
-        raise UnsupportedDrafterError(
-            f"MLA attention drafters are not supported (architectures {archs}, model_type "
-            f"{model_type!r}{', ' + ', '.join(mla) if mla else ''}); eagle-jax's drafter layer "
-            "is Llama-style attention")
+    if (any(layer.get(k) is not None for k in _MLA_KEYS) or model_type in _MLA_TYPES
+            or any("Deepseek" in a for a in archs)):
+        return "mla"
     if model_type == "qwen3":
         raise UnsupportedDrafterError(
             f"{where}: a qwen3 drafter layer (per-head q_norm/k_norm) is not supported; "
@@ -408,6 +434,11 @@ def _layer_family(top: dict, layer: dict, where: str) -> str:
 def _attention_window(layer: dict, model_type: str, where: str) -> int | None:
     """The layer's sliding window, or None for full attention (module docstring)."""
     types = layer.get("layer_types")
+    if model_type == "mla":
+        if types is not None and types != ["full_attention"]:
+            raise UnsupportedDrafterError(f"layer_types {types!r} in {where}: vLLM's MLA drafter layer attends "
+                                          "over the whole context (full_attention)")
+        return None
     if types is None and model_type == "qwen2":
         sliding = bool(layer.get("use_sliding_window")) and _int(
             layer, "max_window_layers", where, default=28) <= 0
@@ -425,6 +456,74 @@ def _attention_window(layer: dict, model_type: str, where: str) -> int | None:
     if window is None or window < 1:
         raise ConfigError(f"{where} has a sliding_attention layer but sliding_window is {window!r}")
     return window
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """DeepSeek's YaRN magnitude scale (vLLM's and transformers' `yarn_get_mscale`)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _mla_from_dict(layer: dict, where: str) -> tuple[MLAConfig, RopeConfig]:
+    """An MLA drafter's attention and RoPE, as vLLM's Eagle3 DeepSeek layer builds them
+    (module docstring): every field named, nothing else that would change them."""
+    missing = [k for k in _MLA_REQUIRED if k not in layer]
+    if missing:
+        raise ConfigError(f"{where} lacks {missing}: an MLA drafter config names them (vLLM would take "
+                          "DeepseekV3Config's defaults)")
+    for key, why in (("index_topk", "DeepSeek-V3.2's sparse-attention indexer"),
+                     ("attention_bias", "biases on the MLA projections")):
+        if layer.get(key):
+            raise UnsupportedDrafterError(f"{key}={layer[key]!r} in {where}: {why} is not supported")
+    if layer.get("rope_interleave", True) is not True:
+        raise UnsupportedDrafterError(f"rope_interleave={layer['rope_interleave']!r} in {where}: vLLM's MLA "
+                                      "drafter layer rotates interleaved pairs (is_neox_style=False)")
+    eps = _number(layer["rms_norm_eps"], f"rms_norm_eps in {where}")
+    q_lora = layer["q_lora_rank"]
+    scaling = {}
+    for key in ("rope_scaling", "rope_parameters"):  # transformers 5 writes rope_parameters
+        value = layer.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{key} in {where} must be an object or null, got {value!r}")
+        scaling.update(value or {})
+    theta = _number(scaling.get("rope_theta", layer["rope_theta"]), f"rope_theta in {where}")
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    mscale_all_dim, rope = 0.0, RopeConfig(theta=theta)
+    if kind != "default":
+        if kind != "yarn":
+            raise UnsupportedDrafterError(f"rope type {kind!r} in {where}: vLLM runs an MLA drafter's "
+                                          "rope_scaling as DeepSeek YaRN whatever its type; only yarn is supported")
+        missing = [k for k in _MLA_YARN_REQUIRED if scaling.get(k) is None]
+        if missing:
+            raise ConfigError(f"the YaRN rope_scaling in {where} lacks {missing}")
+        for key in ("attn_factor", "extrapolation_factor"):
+            if scaling.get(key, 1) != 1:
+                raise UnsupportedDrafterError(f"rope_scaling.{key}={scaling[key]!r} in {where} is not supported")
+        if scaling.get("attention_factor") is not None or scaling.get("apply_yarn_scaling", True) is not True:
+            raise UnsupportedDrafterError(f"rope_scaling in {where}: attention_factor and apply_yarn_scaling "
+                                          "false are not DeepSeek YaRN (mscale, mscale_all_dim)")
+        factor, mscale, mscale_all_dim, beta_fast, beta_slow = (
+            _number(scaling[k], f"rope_scaling.{k} in {where}")
+            for k in ("factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow"))
+        try:
+            rope = RopeConfig(
+                theta=theta, scaling_type="yarn", factor=factor,
+                original_max_position_embeddings=_int(scaling, "original_max_position_embeddings", "rope_scaling"),
+                beta_fast=beta_fast, beta_slow=beta_slow,
+                attention_factor=_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+        except ConfigError as e:
+            raise ConfigError(f"rope_scaling in {where}: {e}") from None
+    mla = MLAConfig(kv_lora_rank=_int(layer, "kv_lora_rank", where),
+                    q_lora_rank=None if q_lora is None else _int(layer, "q_lora_rank", where),
+                    qk_nope_head_dim=_int(layer, "qk_nope_head_dim", where),
+                    qk_rope_head_dim=_int(layer, "qk_rope_head_dim", where),
+                    v_head_dim=_int(layer, "v_head_dim", where), mscale_all_dim=mscale_all_dim, norm_eps=eps)
+    return mla, rope
 
 
 # ----------------------------------------------------------------------------- parse
@@ -490,6 +589,10 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         layer, where, spec = top, "the config", {}
 
     model_type = _layer_family(top, layer, where)
+    if model_type == "mla" and fmt == "speculators":
+        raise UnsupportedDrafterError("a speculators config describes a Llama-style layer; an MLA drafter's "
+                                      f"config is a DeepSeek one (architecture {MLA_ARCHITECTURE})")
+    mla = _mla_from_dict(layer, where) if model_type == "mla" else None
     n_layers = _int(layer, "num_hidden_layers", where, default=1)
     if n_layers != 1:
         raise UnsupportedDrafterError(
@@ -499,6 +602,10 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
     heads = _int(layer, "num_attention_heads", where)
     kv_heads = _int(layer, "num_key_value_heads", where, default=heads)
     head_dim = _int(layer, "head_dim", where, default=None)
+    if mla is not None:  # vLLM's MLA layer reads no head_dim: the rotary dim, every head its own KV
+        if kv_heads != heads:
+            raise ConfigError(f"num_key_value_heads ({kv_heads}) must equal num_attention_heads ({heads}) for MLA")
+        head_dim = mla[0].qk_rope_head_dim
     if head_dim is None:
         if hidden % heads:
             raise ConfigError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}; "
@@ -539,7 +646,7 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
     eps = layer.get("rms_norm_eps", 1e-6)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
         raise ConfigError(f"rms_norm_eps must be a positive number, got {eps!r}")
-    rope = rope_from_dict(layer)
+    rope = rope_from_dict(layer) if mla is None else mla[1]
     max_pos = _int(layer, "max_position_embeddings", where, default=2048)
     if target_cfg is not None:
         max_pos = max(max_pos, target_cfg.max_position_embeddings)
@@ -579,7 +686,7 @@ def drafter_config_from_dict(config_dict: dict, target_cfg: TargetConfig | None 
         qkv_bias=attention_bias, o_bias=attention_bias, has_embedding=False,
         verifier_name_or_path=str(verifier_name or ""), verifier_architecture=str(verifier_arch),
         speculative_tokens=spec_tokens, sliding_window=_attention_window(layer, model_type, where),
-        num_aux_states=n_aux, mask_token_id=mask_token_id)
+        num_aux_states=n_aux, mask_token_id=mask_token_id, mla=None if mla is None else mla[0])
 
 
 def _placeholder(top: dict, fmt: str) -> int | None:
@@ -598,6 +705,39 @@ def _placeholder(top: dict, fmt: str) -> int | None:
 
 
 # ----------------------------------------------------------------------------- export
+
+def _mla_layer_dict(cfg: DrafterConfig) -> dict:
+    """The DeepSeek layer fields of an MLA drafter, as `_mla_from_dict` reads them back."""
+    m, rope = cfg.mla, cfg.rope
+    if m.norm_eps != cfg.rms_norm_eps or not m.rope_interleave:
+        raise ConfigError("a DeepSeek drafter config expresses only q_a/kv_a norms with rms_norm_eps and "
+                          f"interleaved rope columns; this drafter has norm_eps {m.norm_eps}, rms_norm_eps "
+                          f"{cfg.rms_norm_eps}, rope_interleave {m.rope_interleave}")
+    d: dict[str, Any] = {
+        "architectures": [MLA_ARCHITECTURE], "model_type": "deepseek_v3",
+        "q_lora_rank": m.q_lora_rank, "kv_lora_rank": m.kv_lora_rank, "qk_nope_head_dim": m.qk_nope_head_dim,
+        "qk_rope_head_dim": m.qk_rope_head_dim, "v_head_dim": m.v_head_dim,
+        "rope_theta": float(rope.theta), "rope_scaling": None,
+    }
+    if rope.scaling_type is None:  # (then mscale_all_dim has no effect)
+        return d
+    if rope.scaling_type != "yarn":
+        raise ConfigError(f"an MLA drafter's rope is DeepSeek YaRN or none, got {rope.scaling_type!r}")
+    # cos/sin scale = mscale(f, mscale) / mscale(f, mscale_all_dim): solve for mscale
+    f, msad = rope.factor, m.mscale_all_dim
+    scale = rope.attention_factor if rope.attention_factor is not None else _yarn_mscale(f, 1.0)
+    if scale == 1.0 or f <= 1:
+        if scale != 1.0:
+            raise ConfigError(f"a YaRN factor of {f} scales cos/sin by 1, not {scale}")
+        mscale = msad
+    else:
+        mscale = (scale * _yarn_mscale(f, msad) - 1.0) / (0.1 * math.log(f))
+    d["rope_scaling"] = {"type": "yarn", "factor": float(f),
+                         "original_max_position_embeddings": rope.original_max_position_embeddings,
+                         "beta_fast": float(rope.beta_fast), "beta_slow": float(rope.beta_slow),
+                         "mscale": float(mscale), "mscale_all_dim": float(msad)}
+    return d
+
 
 def _layer_dict(cfg: DrafterConfig, torch_dtype: str | None) -> dict:
     if cfg.qkv_bias != cfg.o_bias:
@@ -622,6 +762,9 @@ def _layer_dict(cfg: DrafterConfig, torch_dtype: str | None) -> dict:
         "mlp_bias": False,
         "tie_word_embeddings": False,
     }
+    if cfg.mla is not None:
+        d.update(_mla_layer_dict(cfg))
+        del d["head_dim"]  # vLLM's MLA layer reads none (it is qk_rope_head_dim)
     if cfg.sliding_window is not None:
         d.update(sliding_window=cfg.sliding_window, layer_types=["sliding_attention"])
     if torch_dtype:
@@ -660,6 +803,9 @@ def drafter_config_to_native(cfg: DrafterConfig, *, torch_dtype: str | None = No
 def drafter_config_to_speculators(cfg: DrafterConfig, *, torch_dtype: str | None = None) -> dict:
     """A speculators-format config.json dict: `speculators_model_type` "eagle3", or "peagle"
     with `mask_token_id` for a parallel drafter (module docstring)."""
+    if cfg.mla is not None:
+        raise ConfigError("speculators has no MLA drafter format: save an MLA drafter in the native format "
+                          f"({MLA_ARCHITECTURE})")
     mtype = "peagle" if cfg.parallel_drafting else "eagle3"
     layer = _layer_dict(cfg, torch_dtype)
     if cfg.parallel_drafting:

@@ -22,6 +22,16 @@ Checkpoint keys (EAGLE.md section 5; PyTorch Linear weights are [out, in]):
                                        [1, A*Ht]); read in any shape of A*Ht elements
                                        and leading 1s
 
+An MLA drafter (`DrafterConfig.mla`, vLLM's `Eagle3DeepseekV2ForCausalLM`) has, in
+place of the q/k/v/o projections (R = kv_lora_rank, QA = q_lora_rank, h heads,
+Dn / Dr / Dv the qk_nope / qk_rope / v head dims):
+
+    {L}.self_attn.q_a_proj.weight [QA, 2H], q_a_layernorm.weight [QA],
+        q_b_proj.weight [h*(Dn+Dr), QA]     (q_proj.weight [h*(Dn+Dr), 2H] when
+                                             q_lora_rank is null)
+    {L}.self_attn.kv_a_proj_with_mqa.weight [R+Dr, 2H], kv_a_layernorm.weight [R],
+        kv_b_proj.weight [h*(Dn+Dv), R], o_proj.weight [H, h*Dv]
+
 with {L} = `midlayer` (native, SpecForge) or `layers.0` (speculators); either
 prefix is accepted on load whatever the config dialect. Loading is strict:
 missing, extra or mis-shaped tensors, a `d2t` of the wrong length, ids out of
@@ -73,6 +83,38 @@ _TORCH_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "fl
 
 # ----------------------------------------------------------------------------- key table
 
+def _attention_shapes(cfg: DrafterConfig, p: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    h, q, kv = cfg.hidden_size, cfg.q_size, cfg.kv_size
+    return {
+        f"{p}.self_attn.q_proj.weight": ((q, 2 * h), "[num_heads * head_dim, 2 * hidden_size]"),
+        f"{p}.self_attn.k_proj.weight": ((kv, 2 * h), "[num_kv_heads * head_dim, 2 * hidden_size]"),
+        f"{p}.self_attn.v_proj.weight": ((kv, 2 * h), "[num_kv_heads * head_dim, 2 * hidden_size]"),
+        f"{p}.self_attn.o_proj.weight": ((h, q), "[hidden_size, num_heads * head_dim]"),
+    }
+
+
+def _mla_shapes(cfg: DrafterConfig, p: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The MLA projections' keys (module docstring)."""
+    m, h, heads = cfg.mla, cfg.hidden_size, cfg.num_heads
+    a = f"{p}.self_attn."
+    qk, r, dr = heads * m.qk_head_dim, m.kv_lora_rank, m.qk_rope_head_dim
+    shapes = {
+        a + "kv_a_proj_with_mqa.weight": ((r + dr, 2 * h), "[kv_lora_rank + qk_rope_head_dim, 2 * hidden_size]"),
+        a + "kv_a_layernorm.weight": ((r,), "[kv_lora_rank]"),
+        a + "kv_b_proj.weight": ((heads * (m.qk_nope_head_dim + m.v_head_dim), r),
+                                 "[num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]"),
+        a + "o_proj.weight": ((h, heads * m.v_head_dim), "[hidden_size, num_heads * v_head_dim]"),
+    }
+    if m.q_lora_rank is None:
+        shapes[a + "q_proj.weight"] = ((qk, 2 * h), "[num_heads * (qk_nope + qk_rope head dims), 2 * hidden_size]")
+    else:
+        shapes.update({
+            a + "q_a_proj.weight": ((m.q_lora_rank, 2 * h), "[q_lora_rank, 2 * hidden_size]"),
+            a + "q_a_layernorm.weight": ((m.q_lora_rank,), "[q_lora_rank]"),
+            a + "q_b_proj.weight": ((qk, m.q_lora_rank), "[num_heads * (qk_nope + qk_rope head dims), q_lora_rank]")})
+    return shapes
+
+
 def checkpoint_tensor_shapes(cfg: DrafterConfig, layer_prefix: str = "layers.0",
                              ) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, tuple[tuple[int, ...], str]]]:
     """(required, optional) maps key -> (shape, description) for a checkpoint of `cfg`.
@@ -85,10 +127,7 @@ def checkpoint_tensor_shapes(cfg: DrafterConfig, layer_prefix: str = "layers.0",
     p = layer_prefix
     req: dict[str, tuple[tuple[int, ...], str]] = {
         "fc.weight": ((h, a * ht), "[hidden_size, num_aux * target_hidden_size]"),
-        f"{p}.self_attn.q_proj.weight": ((q, 2 * h), "[num_heads * head_dim, 2 * hidden_size]"),
-        f"{p}.self_attn.k_proj.weight": ((kv, 2 * h), "[num_kv_heads * head_dim, 2 * hidden_size]"),
-        f"{p}.self_attn.v_proj.weight": ((kv, 2 * h), "[num_kv_heads * head_dim, 2 * hidden_size]"),
-        f"{p}.self_attn.o_proj.weight": ((h, q), "[hidden_size, num_heads * head_dim]"),
+        **(_attention_shapes(cfg, p) if cfg.mla is None else _mla_shapes(cfg, p)),
         f"{p}.mlp.gate_proj.weight": ((f, h), "[intermediate_size, hidden_size]"),
         f"{p}.mlp.up_proj.weight": ((f, h), "[intermediate_size, hidden_size]"),
         f"{p}.mlp.down_proj.weight": ((h, f), "[hidden_size, intermediate_size]"),
@@ -304,10 +343,19 @@ def params_from_tensors(cfg: DrafterConfig, tensors: dict[str, np.ndarray], dtyp
         return _float(key, tensors[key], dtype)
 
     p = prefix
+    a = f"{p}.self_attn."
+    if cfg.mla is None:
+        attention = {"wqkv": np.concatenate([w(f"{a}{n}_proj.weight") for n in "qkv"], axis=1)}
+    else:
+        q_a = a + ("q_proj" if cfg.mla.q_lora_rank is None else "q_a_proj")
+        attention = {"wqkv_a": np.concatenate([w(q_a + ".weight"), w(a + "kv_a_proj_with_mqa.weight")], axis=1),
+                     "kv_a_norm": vec(a + "kv_a_layernorm.weight"), "wkv_b": w(a + "kv_b_proj.weight")}
+        if cfg.mla.q_lora_rank is not None:
+            attention.update(q_a_norm=vec(a + "q_a_layernorm.weight"), wq_b=w(a + "q_b_proj.weight"))
     layer = {
         "input_layernorm": vec(f"{p}.input_layernorm.weight"),
         "hidden_norm": vec(f"{p}.hidden_norm.weight"),
-        "wqkv": np.concatenate([w(f"{p}.self_attn.{n}_proj.weight") for n in "qkv"], axis=1),
+        **attention,
         "wo": w(f"{p}.self_attn.o_proj.weight"),
         "post_attention_layernorm": vec(f"{p}.post_attention_layernorm.weight"),
         "w_gate_up": np.concatenate([w(f"{p}.mlp.gate_proj.weight"), w(f"{p}.mlp.up_proj.weight")],
@@ -380,13 +428,11 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
     """
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if format == "speculators" and cfg.mla is not None:
+        raise ConfigError("speculators has no MLA drafter format: save an MLA drafter with format='native'")
     p = _LAYER_PREFIX[format]
     layer = params["layer"]
     q, kv, f = cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    wqkv = np.asarray(layer["wqkv"])
-    if wqkv.shape != (2 * cfg.hidden_size, q + 2 * kv):
-        raise ConfigError(f"params layer.wqkv has shape {list(wqkv.shape)}, expected "
-                          f"{[2 * cfg.hidden_size, q + 2 * kv]}")
     gu = np.asarray(layer["w_gate_up"])
 
     def t(a):
@@ -394,9 +440,7 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
 
     out = {
         "fc.weight": t(params["fc"]),
-        f"{p}.self_attn.q_proj.weight": t(wqkv[:, :q]),
-        f"{p}.self_attn.k_proj.weight": t(wqkv[:, q:q + kv]),
-        f"{p}.self_attn.v_proj.weight": t(wqkv[:, q + kv:]),
+        **(_attention_tensors(cfg, layer, p, t) if cfg.mla is None else _mla_tensors(cfg, layer, p, t, dtype)),
         f"{p}.self_attn.o_proj.weight": t(layer["wo"]),
         f"{p}.mlp.gate_proj.weight": t(gu[:, :f]),
         f"{p}.mlp.up_proj.weight": t(gu[:, f:]),
@@ -438,6 +482,30 @@ def tensors_from_params(cfg: DrafterConfig, params: dict, vocab: DraftVocab,
         if key not in ("d2t", "t2d") and tuple(arr.shape) != shape:
             raise ConfigError(f"params for {key} have shape {list(arr.shape)}, expected "
                               f"{list(shape)} {desc}")
+    return out
+
+
+def _attention_tensors(cfg: DrafterConfig, layer: dict, p: str, t) -> dict[str, np.ndarray]:
+    """q/k/v_proj of the fused wqkv (`t` transposes and casts)."""
+    q, kv = cfg.q_size, cfg.kv_size
+    wqkv = np.asarray(layer["wqkv"])
+    if wqkv.shape != (2 * cfg.hidden_size, q + 2 * kv):
+        raise ConfigError(f"params layer.wqkv has shape {list(wqkv.shape)}, expected "
+                          f"{[2 * cfg.hidden_size, q + 2 * kv]}")
+    return {f"{p}.self_attn.q_proj.weight": t(wqkv[:, :q]), f"{p}.self_attn.k_proj.weight": t(wqkv[:, q:q + kv]),
+            f"{p}.self_attn.v_proj.weight": t(wqkv[:, q + kv:])}
+
+
+def _mla_tensors(cfg: DrafterConfig, layer: dict, p: str, t, dtype) -> dict[str, np.ndarray]:
+    """The MLA projections but o_proj (`t` transposes and casts)."""
+    m, a = cfg.mla, f"{p}.self_attn."
+    wqkv_a = np.asarray(layer["wqkv_a"])
+    q_a = wqkv_a.shape[1] - m.kv_lora_rank - m.qk_rope_head_dim
+    out = {a + ("q_proj" if m.q_lora_rank is None else "q_a_proj") + ".weight": t(wqkv_a[:, :q_a]),
+           a + "kv_a_proj_with_mqa.weight": t(wqkv_a[:, q_a:]),
+           a + "kv_a_layernorm.weight": _np(layer["kv_a_norm"], dtype), a + "kv_b_proj.weight": t(layer["wkv_b"])}
+    if m.q_lora_rank is not None:
+        out.update({a + "q_a_layernorm.weight": _np(layer["q_a_norm"], dtype), a + "q_b_proj.weight": t(layer["wq_b"])})
     return out
 
 

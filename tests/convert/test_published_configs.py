@@ -301,9 +301,11 @@ def test_aux_id_readings_per_publisher(caplog):
 
 # ----------------------------------------------------------------------------- 6. MLA
 
-def test_mla_drafters_are_refused_plainly():
-    with pytest.raises(UnsupportedDrafterError, match="MLA attention drafters are not supported"):
-        drafter_config_from_dict(torchspec_kimi_mla())
+def test_mla_drafters_parse_to_an_mla_layer():
+    """Recognised by architecture or by kv_lora_rank alone (tests/convert/test_mla_drafter.py
+    checks every field against vLLM's reading)."""
     no_arch = {k: v for k, v in torchspec_kimi_mla().items() if k != "architectures"}
-    with pytest.raises(UnsupportedDrafterError, match="MLA attention .*kv_lora_rank"):
-        drafter_config_from_dict(no_arch)
+    for d in (torchspec_kimi_mla(), no_arch):
+        cfg = drafter_config_from_dict(d)
+        assert cfg.mla is not None and cfg.mla.kv_lora_rank == 512 and cfg.head_dim == 64
+        assert cfg.aux_layer_ids == (1, 30, 57)  # eagle_config ids of a non-*ForCausalLMEagle3 config: as stored
