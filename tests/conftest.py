@@ -204,8 +204,8 @@ SLOW = {
         "tests/spec_decode/test_disable_by_batch_size.py",
     # decoding properties with a cheaper case of the same property in the default tier (2026-12-08 budget)
     "tests/spec_decode/test_greedy_equivalence.py::test_moe_targets[deepseek-tree]":
-        "the MoE / MLA logits and cached decode against transformers (tests/convert/test_moe_targets.py); "
-        "[llama-eagle31-tree] of the tiny targets",
+        "test_mla_drafter_on_an_mla_moe_target (the loop over the MLA + MoE target's cache, with an MLA "
+        "drafter); the MoE / MLA logits and cached decode against transformers",
     "tests/spec_decode/test_plain_steps.py::test_switching_draft_depths_keeps_coupled_samples[tree]": "[chain]",
     "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[chain]":
         "tests/engine/test_engine.py::test_seeded_requests_sample_the_same_alone_under_load_and_plain",

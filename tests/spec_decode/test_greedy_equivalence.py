@@ -59,6 +59,31 @@ def test_moe_targets(kind, spec):
     assert out.stats["accepted_tokens"] > 0
 
 
+def test_mla_drafter_on_an_mla_moe_target():
+    """A random EAGLE 3.1 MLA drafter (vLLM's Eagle3DeepseekV2ForCausalLM layer: its latent
+    cache drafted into under the tree mask, compacted along the accepted path and committed
+    by the loop) on the tiny MLA + MoE target: greedy speculative decoding equals plain."""
+    import dataclasses
+
+    from eagle_jax.config import DrafterConfig
+    from eagle_jax.models import drafter
+
+    tcfg, tparams = tiny_moe_target("deepseek")
+    dcfg = DrafterConfig(hidden_size=32, intermediate_size=48, num_heads=2, num_kv_heads=2, head_dim=8,
+                         vocab_size=tcfg.vocab_size, draft_vocab_size=6, target_hidden_size=tcfg.hidden_size,
+                         aux_layer_ids=(1, 2, 3), rope=tcfg.rope, fc_norm=True, norm_output=True,
+                         mla=dataclasses.replace(tcfg.mla, q_lora_rank=None, kv_lora_rank=12, norm_eps=1e-5))
+    dparams = drafter.init_params(dcfg, jax.random.PRNGKey(1), scale=0.3)
+    vocab = drafter.DraftVocab.from_target_ids(jax.numpy.arange(6), tcfg.vocab_size)
+    prompts = random_prompts(8, [13, 5])
+    max_new = [24, 17]
+    spec = dataclasses.replace(TREE, disable_by_batch_size=None)
+    plain = Generator(tcfg, tparams).generate(prompts, max_new_tokens=max_new)
+    out = Generator(tcfg, tparams, drafter=(dcfg, dparams, vocab), spec=spec).generate(prompts, max_new_tokens=max_new)
+    assert out.token_ids == plain.token_ids
+    assert out.stats["accepted_tokens"] > 0
+
+
 @pytest.mark.parametrize("variant,spec,batch", [
     ("eagle3", CHAIN, 1), pytest.param("eagle3.1", TREE, 1, marks=pytest.mark.slow),
     pytest.param("eagle3", TREE, 5, marks=pytest.mark.slow), ("eagle3.1", CHAIN, 5)],
