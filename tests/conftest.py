@@ -137,7 +137,7 @@ SLOW = {
     "tests/convert/test_moe_targets.py::test_decode_from_the_cache_equals_the_full_forward[qwen3_moe_step2]":
         "[qwen3_moe]",
     "tests/spec_decode/test_greedy_equivalence.py::test_moe_targets[qwen3_moe-chain]":
-        "[deepseek-tree]; Qwen3-MoE's forward and decode in tests/convert/test_moe_targets.py",
+        "test_mla_drafter_on_an_mla_moe_target; Qwen3-MoE's forward and decode in tests/convert/test_moe_targets.py",
     # decoding properties, checked in the default tier by the variant named after each
     "tests/spec_decode/test_lossless.py::test_seeded_row_samples_the_same_alone_and_in_a_batch[tree]": "chain",
     # coupled sampling emits plain coupled sampling's tokens at any depth (test_plain_steps.py
