@@ -14,7 +14,7 @@ position ``p``:
 * ``in_vocab [B, T]`` bool: whether the target's argmax over the FULL
   vocabulary at ``p`` lies in the draft vocabulary, i.e. ``max(draft-vocab
   logits) >= max(other logits)``. The other columns are multiplied in vocab
-  chunks (``lax.map``) keeping only a running max, so the full ``[B, T, V]``
+  chunks (``lax.fori_loop``) keeping only a running max, so the full ``[B, T, V]``
   logits never exist in memory. This costs the full lm_head matmul: for
   SmolLM2 (V = 49152, H = 576) about 13% of the target pass's FLOPs
   (measured in the trainer's throughput table). ``argmax_mode="skip"``
@@ -41,7 +41,8 @@ from eagle_jax.config import TargetConfig
 from eagle_jax.models import target
 from eagle_jax.nn import rms_norm
 
-__all__ = ["Features", "target_features", "draft_vocab_logits", "make_feature_fn", "FeatureCache"]
+__all__ = ["Features", "target_features", "draft_vocab_logits", "make_feature_fn", "vocab_shards", "chunk_columns",
+           "FeatureCache"]
 
 
 class Features(NamedTuple):
@@ -50,38 +51,59 @@ class Features(NamedTuple):
     in_vocab: jax.Array  # [B, T] bool, full-vocab argmax lies in the draft vocab
 
 
-def _vocab_chunks(v: int, chunk: int) -> int:
-    """How many chunks `_nondraft_max` cuts a vocabulary of v into: the fewest that divide v
-    with at most `chunk` columns each, or 0 when that would take over twice the fewest
-    chunks of `chunk` columns (the vocabulary is then padded)."""
-    least = -(-v // chunk)
-    return next((n for n in range(least, 2 * least + 1) if v % n == 0), 0)
+def chunk_columns(vocab: int, shards: int, chunk: int) -> int:
+    """Columns of one shard's part of a chunk in `_nondraft_max`: a vocabulary of `vocab`
+    columns split into `shards` contiguous ranges, cut into the fewest chunks of at most
+    `chunk` columns, each chunk taking an equal part of every range (rounded up)."""
+    return -(-(vocab // shards) // -(-vocab // chunk))
 
 
-def _nondraft_max(normed, w, t2d, chunk: int):
-    """max over target ids NOT in the draft vocab of normed @ w, chunked over the vocab.
+def _nondraft_max(normed, w, t2d, chunk: int, shards: int = 1, vocab_axis: int = 1):
+    """max over target ids NOT in the draft vocab of the logits normed @ head, chunked over the vocab.
 
-    normed [B, T, H]; w [H, V]; t2d [V] bool. Returns float32 [B, T] (-inf if none).
-    Chunk i holds columns i, i + n, i + 2n, ... (n chunks): where a mesh's model axis splits
-    the vocabulary into contiguous ranges, each chunk's columns split the same way, so no
-    device needs another's part of w (contiguous chunks of a padded vocabulary made XLA
-    gather the whole head).
+    normed [B, T, H]; w: the head as stored (`_stored_head`), an lm_head [H, V] (vocab_axis 1) or
+    a tied embedding [V, H] (vocab_axis 0); t2d [V] bool. Returns float32 [B, T] (-inf if none).
+    shards: how many contiguous ranges of the vocabulary a mesh's model axis splits w into
+    (`vocab_shards`; 1 on one device). Each chunk takes `chunk_columns` adjacent ids from every
+    range, sliced from w as stored inside the loop, so that each device multiplies its own part
+    of w and only a chunk of it is ever copied (transposing, padding or slicing the whole head
+    outside the loop made XLA copy it, or gather it, whole). The last chunk starts early enough
+    to end with its range, overlapping the one before (a max does not mind).
     """
-    h, v = w.shape
-    n = _vocab_chunks(v, chunk)
-    if n == 0:  # no divisor near: pad the vocabulary to whole chunks (columns excluded)
-        n = -(-v // chunk)
-        pad = n * chunk - v
-        w, t2d, v = jnp.pad(w, ((0, 0), (0, pad))), jnp.pad(t2d, (0, pad), constant_values=True), n * chunk
-    wp = w.reshape(h, v // n, n).transpose(2, 0, 1)  # [n, H, V/n]: chunk i = columns i::n
-    excl = t2d.reshape(v // n, n).T  # [n, V/n], True = skip column
+    v, h = w.shape[vocab_axis], normed.shape[-1]
+    per = v // shards  # ids of one range
+    c = chunk_columns(v, shards, chunk)
+    if vocab_axis == 1:  # [S, H, per]: on each device a bitcast of its [H, per]
+        w3, product = w.reshape(h, shards, per).transpose(1, 0, 2), "bth,shc->btsc"
+    else:  # [S, per, H]
+        w3, product = w.reshape(shards, per, h), "bth,sch->btsc"
+    excl = t2d.reshape(shards, per)
 
-    def one(xs):
-        wc, ex = xs
-        lg = jnp.dot(normed, wc.astype(normed.dtype), preferred_element_type=jnp.float32)
-        return jnp.max(jnp.where(ex, -jnp.inf, lg), axis=-1)
+    def one(i, best):  # best [B, T, S]: the running max of each range
+        start = jnp.minimum(i * c, per - c)
+        wc = jax.lax.dynamic_slice_in_dim(w3, start, c, axis=1 + vocab_axis)
+        lg = jnp.einsum(product, normed, wc.astype(normed.dtype), preferred_element_type=jnp.float32)
+        ex = jax.lax.dynamic_slice_in_dim(excl, start, c, axis=1)  # [S, C]
+        return jnp.maximum(best, jnp.max(jnp.where(ex, -jnp.inf, lg), axis=-1))
 
-    return jnp.max(jax.lax.map(one, (wp, excl)), axis=0)
+    best = jnp.full((*normed.shape[:-1], shards), -jnp.inf, jnp.float32)
+    return jnp.max(jax.lax.fori_loop(0, -(-per // c), one, best), axis=-1)
+
+
+def _stored_head(tparams) -> tuple[jax.Array, int]:
+    """The target's output head as stored and the axis of its vocabulary: the lm_head [H, V]
+    and 1, or the tied embedding [V, H] and 0."""
+    return (tparams["lm_head"], 1) if "lm_head" in tparams else (tparams["embed"], 0)
+
+
+def vocab_shards(tparams) -> int:
+    """How many contiguous column ranges the placement of the target's lm_head (or tied
+    embedding) splits its vocabulary into: the size of the mesh axis it is split over, 1
+    when it is whole on each device."""
+    w, axis = _stored_head(tparams)
+    if not isinstance(w, jax.Array):  # a host array
+        return 1
+    return w.shape[axis] // w.sharding.shard_shape(w.shape)[axis]
 
 
 def draft_head(tparams, tcfg: TargetConfig, target_ids) -> jax.Array:
@@ -93,15 +115,17 @@ def draft_head(tparams, tcfg: TargetConfig, target_ids) -> jax.Array:
 
 def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[int, ...],
                     head, t2d, argmax_mode: str = "chunked", vocab_chunk: int = 8192,
-                    impl: str = "auto", forward_params=None):
+                    vocab_shards: int = 1, impl: str = "auto", forward_params=None):
     """Target pass over tokens [B, T] -> (aux, normed final hidden [B, T, H], in_vocab [B, T]).
 
     head [H, Vd]: `draft_head`; t2d [V] bool.
     forward_params: the same target prepared for the native kernels
     (`target.prepare_for_decoding`), for the decoder layers; the head's
     columns are picked from `tparams`.
-    argmax_mode: "chunked" (exact, vocab chunks), "full" (exact, one [B,T,V]
-    matmul) or "skip" (in_vocab all True).
+    argmax_mode: "chunked" (exact, chunks of about `vocab_chunk` columns of the
+    vocabulary, each device taking its part of each chunk from its `vocab_shards`
+    range: `_nondraft_max`), "full" (exact, one [B,T,V] matmul) or "skip" (in_vocab
+    all True).
     """
     b, t = tokens.shape
     dtype = tparams["embed"].dtype
@@ -120,7 +144,8 @@ def target_features(tparams, tcfg: TargetConfig, tokens, *, aux_layers: tuple[in
             full = jnp.dot(normed, w.astype(normed.dtype), preferred_element_type=jnp.float32)
             other = jnp.max(jnp.where(t2d, -jnp.inf, full), axis=-1)
         elif argmax_mode == "chunked":
-            other = _nondraft_max(normed, w, t2d, vocab_chunk)
+            stored, vocab_axis = _stored_head(tparams)
+            other = _nondraft_max(normed, stored, t2d, vocab_chunk, vocab_shards, vocab_axis)
         else:
             raise ValueError(f"argmax_mode must be chunked, full or skip, got {argmax_mode!r}")
         in_vocab = dmax >= other
@@ -134,16 +159,21 @@ def draft_vocab_logits(normed, head):
 
 
 def make_feature_fn(tcfg: TargetConfig, aux_layers: Sequence[int], *, argmax_mode: str = "chunked",
-                    vocab_chunk: int = 8192, impl: str = "auto", return_normed: bool = False):
+                    vocab_chunk: int = 8192, vocab_shards: int = 1, impl: str = "auto",
+                    return_normed: bool = False):
     """A jitted ``fn(tparams, tokens, head, t2d, forward_params=None) -> Features`` (head: `draft_head`)
-    (or ``(Features, normed)`` with ``return_normed``, for the disk cache)."""
+    (or ``(Features, normed)`` with ``return_normed``, for the disk cache). vocab_shards: `vocab_shards`
+    of the tparams it will take (on a mesh whose model axis splits the vocabulary, its size)."""
     aux_layers = tuple(int(i) for i in aux_layers)
+    if vocab_shards < 1 or tcfg.vocab_size % vocab_shards:
+        raise ValueError(f"vocab_shards must divide the vocabulary ({tcfg.vocab_size}), got {vocab_shards}")
 
     @jax.jit
     def fn(tparams, tokens, head, t2d, forward_params=None):
         aux, normed, in_vocab = target_features(
             tparams, tcfg, tokens, aux_layers=aux_layers, head=head, t2d=t2d,
-            argmax_mode=argmax_mode, vocab_chunk=vocab_chunk, impl=impl, forward_params=forward_params)
+            argmax_mode=argmax_mode, vocab_chunk=vocab_chunk, vocab_shards=vocab_shards, impl=impl,
+            forward_params=forward_params)
         feats = Features(aux, draft_vocab_logits(normed, head), in_vocab)
         return (feats, normed) if return_normed else feats
 

@@ -55,7 +55,7 @@ from eagle_jax.models import drafter, target
 from eagle_jax.plan import param_bytes, weight_heads
 from eagle_jax.sharding import CACHE_AXES, MeshShape, fsdp_dim, parse_mesh, per_device_elements
 from eagle_jax.train.config import DTYPES, TrainConfig
-from eagle_jax.train.features import _vocab_chunks
+from eagle_jax.train.features import chunk_columns
 from eagle_jax.train.initialize import build_drafter_config
 from eagle_jax.train.step import make_optimizer
 
@@ -95,7 +95,8 @@ def _feature_activations(tcfg: TargetConfig, mesh: MeshShape, batch: int, t: int
     ffw2 = per_device_elements((2 * tcfg.intermediate_size,), ("ffw2",), mesh)
     mlp = rows * t * (ffw2 + ffw2 // 2) * itemsize
     vocab = _split(tcfg.vocab_size, mesh.model)
-    columns = {"skip": 0, "full": vocab, "chunked": vocab // max(_vocab_chunks(tcfg.vocab_size, VOCAB_CHUNK), 1)}
+    shards = tcfg.vocab_size // vocab  # the ranges the model axis splits the head into (`features.vocab_shards`)
+    columns = {"skip": 0, "full": vocab, "chunked": chunk_columns(tcfg.vocab_size, shards, VOCAB_CHUNK)}
     head = rows * t * (tcfg.hidden_size * itemsize + 2 * columns[argmax_mode] * F32)
     return max(cache + max(attention, mlp), head)
 

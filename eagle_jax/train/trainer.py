@@ -179,12 +179,14 @@ class Trainer:
                                                    compute_dtype=self.compute_dtype, impl=self.impl,
                                                    state_sharding=self.state_sharding)
         self.train_step = _JIT_CACHE[step_key]
+        # the in-vocabulary test multiplies each device's own columns of the head (`vocab_shards`)
+        vocab_shards = features_lib.vocab_shards(self.feature_params)
         feat_key = ("features", target_cfg, self.dcfg.aux_layer_ids, cfg.argmax_mode, self.impl,
-                    cfg.feature_cache, self.mesh)
+                    cfg.feature_cache, self.mesh, vocab_shards)
         if feat_key not in _JIT_CACHE:
             _JIT_CACHE[feat_key] = features_lib.make_feature_fn(
-                target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, impl=self.impl,
-                return_normed=cfg.feature_cache)
+                target_cfg, self.dcfg.aux_layer_ids, argmax_mode=cfg.argmax_mode, vocab_shards=vocab_shards,
+                impl=self.impl, return_normed=cfg.feature_cache)
         self.feature_fn = _JIT_CACHE[feat_key]
         self.logits_fn = jax.jit(features_lib.draft_vocab_logits)
         # the head's draft-vocabulary columns, taken once (on a mesh: split over the model axis)

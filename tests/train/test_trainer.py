@@ -97,15 +97,23 @@ def reference(setup, tmp_path_factory):
 
 # ----------------------------------------------------------------------------- features
 
-@pytest.mark.parametrize("v, chunk", [(256, 48), (257, 64), (256, 8192)])  # divisor chunks, padded, one
-def test_nondraft_max_equals_the_dense_max(v, chunk):
+# chunks overlapping at the end of a range, an odd vocabulary, one chunk; as a tied embedding [V, H] (axis 0)
+# or an lm_head [H, V] (axis 1); in 4 or 8 ranges as a mesh's model axis splits it (here on one device)
+@pytest.mark.parametrize("v, chunk, shards, axis", [(256, 48, 1, 1), (257, 64, 1, 0), (256, 8192, 1, 1),
+                                                    (256, 48, 4, 0), (264, 100, 8, 1)])
+def test_nondraft_max_equals_the_dense_max(v, chunk, shards, axis):
     from eagle_jax.train import features as F
 
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(3), 3)
     normed, w = jax.random.normal(k1, (2, 5, 16)), jax.random.normal(k2, (16, v))
     t2d = jax.random.bernoulli(k3, 0.3, (v,))
     want = jnp.max(jnp.where(t2d, -jnp.inf, jnp.dot(normed, w, precision="highest")), -1)
-    np.testing.assert_allclose(F._nondraft_max(normed, w, t2d, chunk), want, rtol=1e-5, atol=1e-5)
+    got = F._nondraft_max(normed, w if axis else w.T, t2d, chunk, shards, axis)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    t2d = t2d.at[: v // shards].set(True)  # the first range all in the draft vocab: the max comes from the others
+    want = jnp.max(jnp.where(t2d, -jnp.inf, jnp.dot(normed, w, precision="highest")), -1)
+    np.testing.assert_allclose(F._nondraft_max(normed, w if axis else w.T, t2d, chunk, shards, axis), want,
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_features_match_full_logits(setup):
