@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from eagle_jax.sharding import MeshShape, fused_layout, make_mesh
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_on_mesh.py")
 TRAIN_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_on_mesh.py")
+FEATURES_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "features_on_mesh.py")
 HEAD_DIM = 8  # of run_on_mesh.py's target
 
 
@@ -155,6 +157,43 @@ def test_training_in_two_processes_follows_the_one_process_curve(tmp_path):
     assert lead["resumed"]["resumes"] == [2]
     np.testing.assert_allclose(lead["resumed"]["loss"], ref["loss"], rtol=1e-5)
     assert results[1]["meshes"]["2x4"]["loss"] == []  # process 0 alone writes the log
+
+
+def _check_features(tmp_path, *meshes: str) -> None:
+    """The trainer's feature pass over a vocabulary of four chunks (features_on_mesh.py) on each mesh:
+    the unsharded run's features, and the head stays split. The mesh changes only the order of
+    float32 sums (measured within 8e-6 of each array's largest magnitude; 2e-5 allowed), the flags
+    exactly. Its collectives move no target weight nor as much as one device's part of the head
+    (a chunk layout that cuts across the model shards' ranges gathered half of it), and its temp
+    bytes stay under that part (chunks of the head transposed or padded whole before the loop made
+    two copies of it: 4 to 8 times the part at these shapes, where the pass's own arrays take
+    a tenth to a half of it)."""
+    proc = subprocess.run([sys.executable, FEATURES_SCRIPT, str(tmp_path), *meshes], capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref = result["reference"]
+    assert 0 < np.mean(ref["in_vocab"]) < 1  # the greedy token is in the draft vocabulary at some positions only
+    weights = {tuple(w) for w in result["weight_shapes"]}
+    for mesh, got in result["meshes"].items():
+        assert got["in_vocab"] == ref["in_vocab"], mesh
+        for key in ("aux", "logits"):
+            want = np.asarray(ref[key])
+            np.testing.assert_allclose(got[key], want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"{mesh} {key}")
+        moved = {tuple(s) for shapes in got["collectives"].values() for s in shapes}
+        assert not moved & weights, (mesh, moved & weights)
+        assert 4 * max(math.prod(s) for s in moved) < got["head_shard_bytes"], (mesh, got["collectives"])
+    for name, got in [("one device", ref), *result["meshes"].items()]:
+        assert got["temp_bytes"] < got["head_shard_bytes"], (name, got["temp_bytes"], got["head_shard_bytes"])
+
+
+def test_the_feature_pass_on_a_2x4_mesh_keeps_the_head_split(tmp_path):
+    _check_features(tmp_path, "2x4")
+
+
+@pytest.mark.slow
+def test_the_feature_pass_on_1x8_and_8x1_meshes_keeps_the_head_split(tmp_path):
+    _check_features(tmp_path, "1x8", "8x1")
 
 
 def _free_port() -> int:
