@@ -101,9 +101,8 @@ def vocab_shards(tparams) -> int:
     embedding) splits its vocabulary into: the size of the mesh axis it is split over, 1
     when it is whole on each device."""
     w, axis = _stored_head(tparams)
-    if not isinstance(w, jax.Array):  # a host array
-        return 1
-    return w.shape[axis] // w.sharding.shard_shape(w.shape)[axis]
+    sharding = getattr(w, "sharding", None)  # none: a host array, or a shape placed nowhere
+    return 1 if sharding is None else w.shape[axis] // sharding.shard_shape(w.shape)[axis]
 
 
 def draft_head(tparams, tcfg: TargetConfig, target_ids) -> jax.Array:

@@ -23,14 +23,18 @@ from eagle_jax.train.plan import ESTIMATES, plan_train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "rehearsal.py")
+FEATURE_PASS = os.path.join(HERE, "rehearsal_feature_pass.py")
 COMMITTED = os.path.join(HERE, "..", "..", "benchmarks", "results", "rehearsal-llama-3.2-1b-2x4-20261208.json")
 TOTAL_TOLERANCE = 0.10  # the issue's bound on the per-device total
 ESTIMATE_TOLERANCE = 0.25  # tests/test_plan.py's, for the activation terms alone
-# The feature pass on this mesh holds the whole tied embedding [128256, 2048] bf16 a device: its
-# chunked in-vocabulary test (train/features.py `_nondraft_max`, 16 chunks of the vocabulary-split
-# head) makes XLA gather the head, which the plan does not count. Less than the TTT step here, so
-# the totals agree; when that gather is gone the feature pass is held to ESTIMATE_TOLERANCE too.
-KNOWN_GATHER = 128256 * 2048 * 2
+# XLA:CPU slices a bfloat16 array by converting it to float32 whole, and moves that conversion out
+# of the loop of the feature pass's in-vocabulary test (train/features.py `_nondraft_max`, which
+# slices its chunks of the head there): the pass holds a float32 copy of the device's part of the
+# tied embedding [128256 / 4, 2048], which the plan does not count (GPUs and TPUs slice bfloat16 as
+# it is). The rest of the pass is held to ESTIMATE_TOLERANCE. (The committed run, before the chunks
+# were sliced from each device's own columns, held two such copies, 526015912 bytes; its entry is the
+# pass compiled alone at today's code, tests/mesh/rehearsal_feature_pass.py: see the run's note.)
+CPU_FLOAT32_HEAD = 128256 // 4 * 2048 * 4
 
 
 def _check(run: dict) -> None:
@@ -40,14 +44,28 @@ def _check(run: dict) -> None:
     assert serve["weights"]["plan"] == serve["weights"]["measured"]
     assert train["steps"] == 2 and all(math.isfinite(x) for x in train["loss"])
     for part, got in train["parts"].items():
-        if part == "feature pass activations":  # XLA gathers the whole lm_head there: see KNOWN_GATHER
-            assert got["measured"] >= KNOWN_GATHER, got
+        if part == "feature pass activations":  # less XLA:CPU's float32 head: see CPU_FLOAT32_HEAD
+            _check_feature_pass(got["measured"], got["plan"])
             continue
         bound = ESTIMATE_TOLERANCE if part in ESTIMATES else 0.0
         assert abs(got["plan_over_measured"]) <= bound, (part, got)
     assert abs(train["held"]["plan_over_measured"]) <= 0.01 and abs(serve["held"]["plan_over_measured"]) <= 0.01
     for phase in (serve, train):
         assert abs(phase["total"]["plan_over_measured"]) <= TOTAL_TOLERANCE, phase["total"]
+
+
+def _check_feature_pass(measured: int, planned: int) -> None:
+    assert measured > CPU_FLOAT32_HEAD, measured
+    assert abs(planned / (measured - CPU_FLOAT32_HEAD) - 1) <= ESTIMATE_TOLERANCE, (measured, planned)
+
+
+@pytest.mark.slow
+def test_the_rehearsals_feature_pass_compiled_alone_agrees_with_the_plan():
+    """The feature pass at the rehearsal's shapes and shardings, compiled without its arrays (15 s)."""
+    proc = subprocess.run([sys.executable, FEATURE_PASS], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    _check_feature_pass(got["temp_bytes"], got["plan"])
 
 
 @pytest.mark.slow
