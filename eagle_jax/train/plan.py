@@ -30,7 +30,8 @@ programs' `memory_analysis()` temp bytes at small shapes, float32 and bfloat16: 
   cache of T slots it builds, and one layer's attention, q|k|v with its float32 scores and
   probabilities [heads, T, T], or its MLP, gate|up and their product) and its vocabulary stage
   (the normed hidden state and one chunk of float32 full-vocabulary logits twice, the product and
-  its masked copy, for the in-vocabulary test, and the chunk's columns of the head it multiplies);
+  its masked copy, for the in-vocabulary test, and, where a device's part of the head takes
+  several chunks, the chunk's columns of the head it slices);
 - TTT activations (train/ttt.py under `value_and_grad`): for each of the L unrolled steps three
   float32 [Hq, T, T] arrays of the attention over the step-0 keys (masked scores, their
   exponentials, the weights) and the layer's per-token arrays (the MLP's six of width F, the
@@ -97,8 +98,9 @@ def _feature_activations(tcfg: TargetConfig, mesh: MeshShape, batch: int, t: int
     vocab = _split(tcfg.vocab_size, mesh.model)
     shards = tcfg.vocab_size // vocab  # the ranges the model axis splits the head into (`features.vocab_shards`)
     columns = {"skip": 0, "full": vocab, "chunked": chunk_columns(tcfg.vocab_size, shards, VOCAB_CHUNK)}
-    head = (rows * t * (tcfg.hidden_size * itemsize + 2 * columns[argmax_mode] * F32)
-            + (tcfg.hidden_size * columns["chunked"] * itemsize if argmax_mode == "chunked" else 0))
+    sliced = argmax_mode == "chunked" and columns["chunked"] < vocab  # a chunk less than the part: a copy
+    head = rows * t * (tcfg.hidden_size * itemsize + 2 * columns[argmax_mode] * F32) \
+        + sliced * tcfg.hidden_size * columns["chunked"] * itemsize
     return max(cache + max(attention, mlp), head)
 
 
