@@ -66,9 +66,11 @@ def _nondraft_max(normed, w, t2d, chunk: int, shards: int = 1, vocab_axis: int =
     shards: how many contiguous ranges of the vocabulary a mesh's model axis splits w into
     (`vocab_shards`; 1 on one device). Each chunk takes `chunk_columns` adjacent ids from every
     range, sliced from w as stored inside the loop, so that each device multiplies its own part
-    of w and only a chunk of it is ever copied (transposing, padding or slicing the whole head
-    outside the loop made XLA copy it, or gather it, whole). The last chunk starts early enough
-    to end with its range, overlapping the one before (a max does not mind).
+    of w and only a chunk of it is ever copied (a head transposed into chunks before the loop was
+    copied whole, twice, and gathered in part where a chunk cut across the ranges). XLA:CPU
+    still holds one float32 copy of a bfloat16 w: it slices bfloat16 by converting the operand,
+    and moves that out of the loop (GPUs and TPUs slice it as it is). The last chunk starts
+    early enough to end with its range, overlapping the one before (a max does not mind).
     """
     v, h = w.shape[vocab_axis], normed.shape[-1]
     per = v // shards  # ids of one range
