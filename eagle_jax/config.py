@@ -185,16 +185,17 @@ class _AttentionShape:
 
     def _check_mla(self, owner: str) -> None:
         """With multi-head latent attention (`mla`): head_dim is the rotary head dim and
-        num_kv_heads = num_heads (as transformers sets them); no q/k/v or o biases and one
-        column group (MLA has no fused q|k|v projection)."""
+        num_kv_heads = num_heads (as transformers sets them); no q/k/v or o biases; a drafter has
+        one column group (a target's groups regroup its MLP and shared experts on a mesh)."""
         m = self.mla
         if m is None:
             return
         if self.head_dim != m.qk_rope_head_dim or self.num_kv_heads != self.num_heads:
             raise ConfigError(f"an MLA {owner} has head_dim = qk_rope_head_dim ({m.qk_rope_head_dim}) and "
                               f"num_kv_heads = num_heads ({self.num_heads}), got {self.head_dim}, {self.num_kv_heads}")
-        if self.qkv_bias or self.o_bias or self.fused_groups != 1:
-            raise ConfigError(f"an MLA {owner} has no q/k/v or o biases and fused_groups 1")
+        if self.qkv_bias or self.o_bias or (owner != "target" and self.fused_groups != 1):
+            raise ConfigError(f"an MLA {owner} has no q/k/v or o biases" + ("" if owner == "target" else
+                              " and fused_groups 1"))
 
     @property
     def q_size(self) -> int:

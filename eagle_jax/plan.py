@@ -230,7 +230,7 @@ def plan(target_cfg: TargetConfig, drafter_cfg: DrafterConfig | MLADrafterTensor
     if isinstance(drafter_cfg, MLADrafterTensors):
         parts["drafter weights"] = drafter_cfg.weight_bytes(mesh, dt.itemsize)
         parts["drafter KV cache"] = _cache_bytes(
-            jax.eval_shape(partial(mla.create_cache, drafter_cfg, batch, slots, dt)), mesh)
+            jax.eval_shape(partial(mla.create_cache, drafter_cfg.mla, drafter_cfg.num_layers, batch, slots, dt)), mesh)
     elif drafter_cfg is not None:
         parts["drafter weights"] = param_bytes(
             drafter.Drafter, drafter_cfg, jax.eval_shape(partial(drafter.init_params, drafter_cfg, dtype=dt), key),
