@@ -33,6 +33,19 @@ def test_tiny_targets_batch_and_single(qwen3, variant, spec):
     assert single.token_ids[0] == plain.token_ids[2]
 
 
+def _speculative_equals_plain(tcfg, tparams, drafter, spec):
+    """Two random prompts of a tiny target: greedy speculative decoding with `drafter` gives the
+    plain greedy tokens, and some drafts were accepted."""
+    import dataclasses
+
+    prompts, max_new = random_prompts(8, [13, 5]), [24, 17]
+    spec = dataclasses.replace(spec, disable_by_batch_size=None)
+    plain = Generator(tcfg, tparams).generate(prompts, max_new_tokens=max_new)
+    out = Generator(tcfg, tparams, drafter=drafter, spec=spec).generate(prompts, max_new_tokens=max_new)
+    assert out.token_ids == plain.token_ids
+    assert out.stats["accepted_tokens"] > 0
+
+
 @pytest.mark.parametrize("kind,spec", [("deepseek", TREE), ("qwen3_moe", CHAIN)],
                          ids=["deepseek-tree", "qwen3_moe-chain"])
 def test_moe_targets(kind, spec):
@@ -40,7 +53,6 @@ def test_moe_targets(kind, spec):
     path and committed by the loop; on CPU the XLA impl) and a Qwen3-MoE target (the native
     kernels where they load), each with a random EAGLE 3.1 drafter made for it by
     train/initialize.py: greedy speculative decoding equals plain greedy decoding."""
-    import dataclasses
 
     from eagle_jax.models.drafter import DraftVocab
     from eagle_jax.train.config import TrainConfig
@@ -50,13 +62,7 @@ def test_moe_targets(kind, spec):
     dcfg = build_drafter_config(tcfg, TrainConfig(variant="eagle3.1", draft_vocab_size=6))
     vocab = DraftVocab.from_target_ids(jax.numpy.arange(6), tcfg.vocab_size)
     dparams = init_drafter_params(dcfg, tcfg, tparams, vocab, jax.random.PRNGKey(1))
-    prompts = random_prompts(8, [13, 5])
-    max_new = [24, 17]
-    spec = dataclasses.replace(spec, disable_by_batch_size=None)
-    plain = Generator(tcfg, tparams).generate(prompts, max_new_tokens=max_new)
-    out = Generator(tcfg, tparams, drafter=(dcfg, dparams, vocab), spec=spec).generate(prompts, max_new_tokens=max_new)
-    assert out.token_ids == plain.token_ids
-    assert out.stats["accepted_tokens"] > 0
+    _speculative_equals_plain(tcfg, tparams, (dcfg, dparams, vocab), spec)
 
 
 def test_mla_drafter_on_an_mla_moe_target():
@@ -75,13 +81,7 @@ def test_mla_drafter_on_an_mla_moe_target():
                          mla=dataclasses.replace(tcfg.mla, q_lora_rank=None, kv_lora_rank=12, norm_eps=1e-5))
     dparams = drafter.init_params(dcfg, jax.random.PRNGKey(1), scale=0.3)
     vocab = drafter.DraftVocab.from_target_ids(jax.numpy.arange(6), tcfg.vocab_size)
-    prompts = random_prompts(8, [13, 5])
-    max_new = [24, 17]
-    spec = dataclasses.replace(TREE, disable_by_batch_size=None)
-    plain = Generator(tcfg, tparams).generate(prompts, max_new_tokens=max_new)
-    out = Generator(tcfg, tparams, drafter=(dcfg, dparams, vocab), spec=spec).generate(prompts, max_new_tokens=max_new)
-    assert out.token_ids == plain.token_ids
-    assert out.stats["accepted_tokens"] > 0
+    _speculative_equals_plain(tcfg, tparams, (dcfg, dparams, vocab), TREE)
 
 
 @pytest.mark.parametrize("variant,spec,batch", [
